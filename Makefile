@@ -1,0 +1,42 @@
+# Two commands do all the set-up on a fresh clone: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
+
+.PHONY: demo test lint bench bench-quick clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-bench: pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[test,bench]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m raggedfn.demo
+
+test: $(VENV)/.installed-test
+	$(PY) -m ruff check raggedfn tests property_tests benchmarks
+	$(PY) -m pytest -q
+
+lint: $(VENV)/.installed-test
+	$(PY) -m ruff check raggedfn tests property_tests benchmarks
+	$(PY) -m ruff format --check raggedfn tests property_tests benchmarks
+
+bench: $(VENV)/.installed-bench
+	$(PY) -m benchmarks.run
+
+bench-quick: $(VENV)/.installed-bench
+	$(PY) -m benchmarks.run --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info

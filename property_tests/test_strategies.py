@@ -1,0 +1,34 @@
+"""The strategy reaches the cases every property test relies on."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import raggedfn
+from property_tests.strategies import raggeds
+
+
+@settings(deadline=None, max_examples=60)
+@given(raggeds())
+def test_drawn_values_are_valid(x):
+    raggedfn.check(x)
+
+
+def test_reaches_edge_cases():
+    seen = set()
+
+    @settings(deadline=None, max_examples=300, database=None)
+    @given(raggeds(num_ragged=st.sampled_from([1, 2])))
+    def probe(x):
+        b = x.batch_size
+        if b == 0:
+            seen.add("B=0")
+        if b == 1:
+            seen.add("B=1")
+        counts = (x.offsets[1:] - x.offsets[:-1]).tolist()
+        if b and 0 in counts:
+            seen.add("empty sample")
+        if b > 1 and all((x.sizes == x.sizes[0]).all(1).tolist()):
+            seen.add("equal sizes")
+
+    probe()
+    assert seen == {"B=0", "B=1", "empty sample", "equal sizes"}, seen

@@ -1,0 +1,43 @@
+"""raggedfn: pure-functional ragged tensors for PyTorch."""
+
+from ._construct import (
+    check,
+    cu_seqlens,
+    from_lengths,
+    from_list,
+    from_nested,
+    from_offsets,
+    from_padded,
+    from_sizes,
+    mask,
+    to_nested,
+    to_padded,
+    unbind,
+)
+from ._errors import RaggedError
+from ._layout import Axis, Layout
+from ._ragged import Ragged
+from .ops import *  # noqa: F403
+from .ops import __all__ as _ops_all
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Axis",
+    "Layout",
+    "Ragged",
+    "RaggedError",
+    "check",
+    "cu_seqlens",
+    "from_lengths",
+    "from_list",
+    "from_nested",
+    "from_offsets",
+    "from_padded",
+    "from_sizes",
+    "mask",
+    "to_nested",
+    "to_padded",
+    "unbind",
+    *_ops_all,
+]

@@ -1,0 +1,74 @@
+"""Axis bookkeeping: the one place that maps logical axes to storage.
+
+A ``Ragged`` value of rank ``1 + layout.rank`` has logical axis 0 (the batch)
+and logical axes ``1..rank`` (one sample's axes). Each sample axis is either
+ragged axis ``k`` (column ``k`` of ``sizes``) or dense axis ``j`` (axis ``1 + j``
+of ``values``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ._errors import fail
+from ._layout import Axis
+
+if TYPE_CHECKING:
+    from ._ragged import Ragged
+
+
+def logical_shape_text(x: Ragged) -> str:
+    return x.layout.describe(tuple(x.values.shape[1:]))
+
+
+def normalize_axis(x: Ragged, axis: int, fn: str, *, allow_batch: bool = True) -> int:
+    """A logical axis (negative allowed) as an index in ``[0, ndim)``."""
+    ndim = 1 + x.layout.rank
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise fail(fn, f"axis must be an int, got {type(axis).__name__} {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise fail(
+            fn,
+            f"axis {axis} is out of range for a sample of rank {x.layout.rank} "
+            f"(logical shape {logical_shape_text(x)})",
+        )
+    axis = axis % ndim
+    if axis == 0 and not allow_batch:
+        raise fail(
+            fn,
+            f"axis 0 is the batch axis and cannot be used here "
+            f"(logical shape (B, {logical_shape_text(x)[1:]})",
+        )
+    return axis
+
+
+def normalize_axes(
+    x: Ragged, axes: int | Sequence[int] | None, fn: str, *, allow_batch: bool = True
+) -> tuple[int, ...]:
+    """Logical axes as sorted unique indices; ``None`` means every axis."""
+    if axes is None:
+        return tuple(range(1 + x.layout.rank))
+    if isinstance(axes, int):
+        axes = (axes,)
+    out = tuple(normalize_axis(x, a, fn, allow_batch=allow_batch) for a in axes)
+    if len(set(out)) != len(out):
+        raise fail(fn, f"axes {tuple(axes)} repeat an axis")
+    return tuple(sorted(out))
+
+
+def sample_axis(x: Ragged, axis: int, fn: str) -> Axis:
+    """What logical axis ``axis`` (>= 1 after normalizing) is: ragged k or dense j."""
+    axis = normalize_axis(x, axis, fn, allow_batch=False)
+    return x.layout.axes[axis - 1]
+
+
+def values_dim(axis: Axis) -> int:
+    """The axis of ``values`` that stores dense axis ``axis``."""
+    assert not axis.ragged
+    return 1 + axis.index
+
+
+def logical_axis(x: Ragged, axis: Axis) -> int:
+    """The batched logical axis (>= 1) of a sample axis."""
+    return 1 + x.layout.position(axis)

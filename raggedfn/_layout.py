@@ -1,0 +1,106 @@
+"""Layout: the static dim order of one sample of a ``Ragged`` value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class Axis(NamedTuple):
+    """One logical axis of a sample: ragged axis ``index`` or dense axis ``index``.
+
+    A ragged axis ``k`` is column ``k`` of ``sizes``; the ragged axes are stored
+    row-major in ``k`` order in the packed leading axis of ``values``. A dense
+    axis ``j`` is axis ``1 + j`` of ``values``.
+    """
+
+    ragged: bool
+    index: int
+
+
+RAGGED_NAMES = ("N", "M", "K", "L", "P", "Q")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Logical axis order of one sample (the batch axis is not included).
+
+    ``axes[a]`` says what logical sample axis ``a`` (batched logical axis
+    ``a + 1``) is. Nothing here depends on the data: two batches with different
+    lengths share a layout, so compiled code does not specialise on lengths.
+    """
+
+    axes: tuple[Axis, ...]
+
+    def __post_init__(self) -> None:
+        ragged = sorted(a.index for a in self.axes if a.ragged)
+        dense = sorted(a.index for a in self.axes if not a.ragged)
+        if ragged != list(range(len(ragged))) or dense != list(range(len(dense))):
+            raise ValueError(f"Layout: axes {self.axes} must number ragged and dense axes 0..n-1")
+
+    @staticmethod
+    def standard(num_ragged: int, num_dense: int) -> Layout:
+        """Ragged axes first, then dense axes, each in storage order."""
+        return Layout(
+            tuple(Axis(True, k) for k in range(num_ragged))
+            + tuple(Axis(False, j) for j in range(num_dense))
+        )
+
+    @staticmethod
+    def from_ragged_positions(rank: int, positions: tuple[int, ...]) -> Layout:
+        """A layout of ``rank`` sample axes whose ragged ones sit at ``positions``.
+
+        Ragged axes are numbered in increasing position, dense axes likewise.
+        """
+        axes: list[Axis] = []
+        k = j = 0
+        for a in range(rank):
+            if a in positions:
+                axes.append(Axis(True, k))
+                k += 1
+            else:
+                axes.append(Axis(False, j))
+                j += 1
+        return Layout(tuple(axes))
+
+    @property
+    def rank(self) -> int:
+        return len(self.axes)
+
+    @property
+    def num_ragged(self) -> int:
+        return sum(1 for a in self.axes if a.ragged)
+
+    @property
+    def num_dense(self) -> int:
+        return sum(1 for a in self.axes if not a.ragged)
+
+    def position(self, axis: Axis) -> int:
+        """The logical sample position of ``axis``."""
+        return self.axes.index(axis)
+
+    def physical_to_logical(self) -> tuple[int, ...]:
+        """Permutation taking a physical sample ``[*ragged sizes, *dense]`` to logical order.
+
+        ``physical.permute(perm)`` is the logical sample.
+        """
+        r = self.num_ragged
+        return tuple(a.index if a.ragged else r + a.index for a in self.axes)
+
+    def logical_to_physical(self) -> tuple[int, ...]:
+        """Inverse of :meth:`physical_to_logical`."""
+        perm = self.physical_to_logical()
+        inverse = [0] * len(perm)
+        for logical, physical in enumerate(perm):
+            inverse[physical] = logical
+        return tuple(inverse)
+
+    def describe(self, dense_shape: tuple[int, ...]) -> str:
+        """Logical sample shape as text, ragged axes as ``N*``, ``M*``, ..."""
+        parts = [
+            f"{RAGGED_NAMES[a.index % len(RAGGED_NAMES)]}*"
+            if a.ragged
+            else str(dense_shape[a.index])
+            for a in self.axes
+        ]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"

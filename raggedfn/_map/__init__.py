@@ -1,0 +1,1 @@
+"""raggedfn.map: run a per-sample function over a packed batch."""

@@ -1,0 +1,1 @@
+"""Segment primitives: the only place in raggedfn with custom autograd rules."""

@@ -1,0 +1,314 @@
+"""The ``Ragged`` value: packed values, partitions and a static dim order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import optree
+import torch
+import torch.utils._pytree as torch_pytree
+from torch import Tensor
+
+from ._errors import RaggedError, describe, fail
+from ._index import lengths_of, offsets_of, segment_ids
+from ._layout import Layout
+
+OPTREE_NAMESPACE = "raggedfn"
+
+
+@dataclass(frozen=True, eq=False)
+class Ragged:
+    """A batch of variable-size samples as one immutable value.
+
+    Args:
+        values: ``[T, *dense]`` every sample's ragged axes flattened row-major into
+            the leading axis; dense axes trail.
+        offsets: int64 ``[B + 1]``; sample ``i`` owns ``values[offsets[i]:offsets[i+1]]``.
+        sizes: int64 ``[B, R]``; sample ``i``'s size along each ragged axis.
+        layout: the logical order of a sample's axes (see :class:`Layout`).
+
+    Build values with the constructors (``from_list``, ``from_lengths``, ...),
+    which validate user data. The dataclass constructor runs only cheap
+    structural checks.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
+        >>> x.shape, x.batch_size, x.lengths.tolist()
+        ((2, None, 3), 2, [2, 4])
+    """
+
+    values: Tensor
+    offsets: Tensor
+    sizes: Tensor
+    layout: Layout
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layout, Layout):
+            raise fail("Ragged", f"layout must be a Layout, got {describe(self.layout)}")
+        for name in ("values", "offsets", "sizes"):
+            if not isinstance(getattr(self, name), Tensor):
+                raise fail(
+                    "Ragged", f"{name} must be a tensor, got {describe(getattr(self, name))}"
+                )
+        if self.offsets.ndim != 1 or self.offsets.dtype != torch.int64:
+            raise fail(
+                "Ragged", f"offsets must be an int64 [B + 1] tensor, got {describe(self.offsets)}"
+            )
+        if self.sizes.ndim != 2 or self.sizes.dtype != torch.int64:
+            raise fail(
+                "Ragged", f"sizes must be an int64 [B, R] tensor, got {describe(self.sizes)}"
+            )
+        if self.values.ndim < 1:
+            raise fail(
+                "Ragged", f"values must have a packed leading axis, got {describe(self.values)}"
+            )
+        if self.values.ndim - 1 != self.layout.num_dense:
+            raise fail(
+                "Ragged",
+                f"values of shape {tuple(self.values.shape)} have {self.values.ndim - 1} dense "
+                f"axes but the layout declares {self.layout.num_dense}",
+            )
+        if self.sizes.shape[1] != self.layout.num_ragged:
+            raise fail(
+                "Ragged",
+                f"sizes of shape {tuple(self.sizes.shape)} have {self.sizes.shape[1]} ragged "
+                f"axes but the layout declares {self.layout.num_ragged}",
+            )
+        if self.sizes.shape[0] != self.offsets.shape[0] - 1:
+            raise fail(
+                "Ragged",
+                f"sizes of shape {tuple(self.sizes.shape)} do not match offsets of shape "
+                f"{tuple(self.offsets.shape)} (expected [B, R] with B = {self.offsets.shape[0] - 1})",
+            )
+        devices = {self.values.device, self.offsets.device, self.sizes.device}
+        if len(devices) != 1:
+            raise fail("Ragged", f"values, offsets and sizes must share a device, got {devices}")
+
+    @classmethod
+    def _make(cls, values: Any, offsets: Any, sizes: Any, layout: Layout) -> Ragged:
+        """Build without any check (pytree unflatten may pass non-tensor leaves)."""
+        obj = object.__new__(cls)
+        object.__setattr__(obj, "values", values)
+        object.__setattr__(obj, "offsets", offsets)
+        object.__setattr__(obj, "sizes", sizes)
+        object.__setattr__(obj, "layout", layout)
+        return obj
+
+    # ----- attributes -------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """Number of samples ``B``."""
+        return self.offsets.shape[0] - 1
+
+    @property
+    def num_ragged(self) -> int:
+        """Number of ragged axes ``R`` of a sample."""
+        return self.layout.num_ragged
+
+    @property
+    def lengths(self) -> Tensor:
+        """``[B]`` length of each sample; only for one ragged axis."""
+        if self.layout.num_ragged != 1:
+            raise fail(
+                "lengths",
+                f"a value with {self.layout.num_ragged} ragged axes has no single length per "
+                "sample; use sizes ([B, R]) instead",
+            )
+        return self.sizes[:, 0]
+
+    @property
+    def shape(self) -> tuple[int | None, ...]:
+        """Logical shape ``(B, ...)`` with ``None`` for each ragged axis."""
+        dense = self.values.shape[1:]
+        return (self.batch_size, *(None if a.ragged else dense[a.index] for a in self.layout.axes))
+
+    @property
+    def ndim(self) -> int:
+        """Logical rank, counting the batch axis."""
+        return 1 + self.layout.rank
+
+    def dim(self) -> int:
+        return self.ndim
+
+    @property
+    def ragged_dims(self) -> tuple[int, ...]:
+        """The logical axes (batch = 0) that are ragged, ascending."""
+        return tuple(1 + p for p, a in enumerate(self.layout.axes) if a.ragged)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.values.requires_grad
+
+    def __len__(self) -> int:
+        return int(self.batch_size)
+
+    # ----- new values -------------------------------------------------------
+    def with_values(self, values: Tensor) -> Ragged:
+        """The same partitions with new packed ``values`` (same leading size)."""
+        if not isinstance(values, Tensor):
+            raise fail("with_values", f"values must be a tensor, got {describe(values)}")
+        if values.ndim < 1 or values.shape[0] != self.values.shape[0]:
+            raise fail(
+                "with_values",
+                f"values must have {self.values.shape[0]} packed rows, got shape {tuple(values.shape)}",
+            )
+        layout = self.layout
+        if values.ndim != self.values.ndim:
+            standard = Layout.standard(layout.num_ragged, layout.num_dense)
+            if layout != standard:
+                raise fail(
+                    "with_values",
+                    f"values of shape {tuple(values.shape)} change the dense axes of a value whose "
+                    f"layout {layout.describe(tuple(self.values.shape[1:]))} is not ragged-axes-first; "
+                    "permute it to that order first",
+                )
+            layout = Layout.standard(layout.num_ragged, values.ndim - 1)
+        return Ragged(values, self.offsets, self.sizes, layout)
+
+    def to(self, *args: Any, **kwargs: Any) -> Ragged:
+        """Like ``Tensor.to``: the dtype applies to values, the device to everything."""
+        values = self.values.to(*args, **kwargs)
+        offsets = self.offsets.to(device=values.device)
+        sizes = self.sizes.to(device=values.device)
+        return Ragged(values, offsets, sizes, self.layout)
+
+    def detach(self) -> Ragged:
+        return Ragged(self.values.detach(), self.offsets, self.sizes, self.layout)
+
+    def cpu(self) -> Ragged:
+        return self.to("cpu")
+
+    def double(self) -> Ragged:
+        return self.to(torch.float64)
+
+    def float(self) -> Ragged:
+        return self.to(torch.float32)
+
+    # ----- indexing ---------------------------------------------------------
+    def __getitem__(self, index: Any) -> Any:
+        """``x[i]`` is sample ``i`` (a tensor in logical axis order);
+        ``x[i:j]``, ``x[int tensor]``, ``x[bool tensor]`` and ``x[list]`` are sub-batches."""
+        if isinstance(index, (int, torch.SymInt)) and not isinstance(index, bool):
+            return _sample(self, index)
+        if (
+            isinstance(index, Tensor)
+            and index.ndim == 0
+            and not index.is_floating_point()
+            and index.dtype != torch.bool
+        ):
+            return _sample(self, int(index))
+        if isinstance(index, slice):
+            index = torch.arange(self.batch_size, device=self.device)[index]
+        if isinstance(index, (list, tuple)):
+            index = torch.as_tensor(index, dtype=torch.int64, device=self.device)
+        if isinstance(index, Tensor):
+            return _select_samples(self, index)
+        raise fail(
+            "Ragged.__getitem__",
+            f"index must be an int, a slice, a list or a 1-D int/bool tensor of samples, got {describe(index)}",
+        )
+
+    def __iter__(self) -> Any:
+        return iter([self[i] for i in range(len(self))])
+
+    def __repr__(self) -> str:
+        try:
+            shape = (
+                f"(B={self.batch_size}, {self.layout.describe(tuple(self.values.shape[1:]))[1:]}"
+            )
+            head = self.sizes[:4]
+            shown = head[:, 0].tolist() if self.num_ragged == 1 else head.tolist()
+            more = ", ..." if self.batch_size > 4 else ""
+            text = str(shown)[:-1] + more + "]" if shown else "[]"
+            label = "lengths" if self.num_ragged == 1 else "sizes"
+        except Exception:  # symbolic or batched leaves: fall back to structure only
+            return f"Ragged(layout={self.layout}, values={type(self.values).__name__})"
+        return f"Ragged(shape={shape}, dtype={self.dtype}, device={self.device}, {label}={text})"
+
+    def __bool__(self) -> bool:
+        raise fail("Ragged.__bool__", "the truth value of a Ragged value is ambiguous")
+
+
+def _sample(x: Ragged, index: int) -> Tensor:
+    batch_size = x.batch_size
+    if not -batch_size <= index < batch_size:
+        raise fail(
+            "Ragged.__getitem__", f"sample {index} is out of range for a batch of {batch_size}"
+        )
+    index = index % batch_size
+    start, stop = x.offsets[index : index + 2].tolist()
+    sample_sizes = x.sizes[index].tolist()
+    physical = x.values[start:stop].reshape(*sample_sizes, *x.values.shape[1:])
+    return physical.permute(x.layout.physical_to_logical())
+
+
+def _select_samples(x: Ragged, index: Tensor) -> Ragged:
+    fn = "Ragged.__getitem__"
+    if index.ndim != 1:
+        raise fail(fn, f"a sample index tensor must be 1-D, got {describe(index)}")
+    if index.dtype == torch.bool:
+        if index.shape[0] != x.batch_size:
+            raise fail(
+                fn, f"a boolean sample mask must have {x.batch_size} entries, got {describe(index)}"
+            )
+        index = index.nonzero().squeeze(1)
+    elif index.is_floating_point() or index.is_complex():
+        raise fail(fn, f"a sample index tensor must be int or bool, got {describe(index)}")
+    index = index.to(device=x.offsets.device, dtype=torch.int64)
+    batch_size = x.batch_size
+    if index.numel() and bool(((index < -batch_size) | (index >= batch_size)).any()):
+        raise fail(
+            fn, f"sample indices {index.tolist()} are out of range for a batch of {batch_size}"
+        )
+    index = torch.remainder(index, max(batch_size, 1))
+    lengths = lengths_of(x.offsets)[index]
+    offsets = offsets_of(lengths)
+    total = int(offsets[-1])
+    rows = segment_ids(offsets, total)
+    source = x.offsets[index][rows] + torch.arange(total, device=offsets.device) - offsets[rows]
+    return Ragged(x.values[source], offsets, x.sizes[index], x.layout)
+
+
+# ----- pytree registration ----------------------------------------------------
+def _flatten(x: Ragged) -> tuple[list[Any], Layout]:
+    return [x.values, x.offsets, x.sizes], x.layout
+
+
+def _unflatten(leaves: Any, layout: Layout) -> Ragged:
+    values, offsets, sizes = leaves
+    return Ragged._make(values, offsets, sizes, layout)
+
+
+def _flatten_with_keys(x: Ragged) -> tuple[list[tuple[Any, Any]], Layout]:
+    keys = (torch_pytree.GetAttrKey(n) for n in ("values", "offsets", "sizes"))
+    return [(k, getattr(x, k.name)) for k in keys], x.layout
+
+
+torch_pytree.register_pytree_node(
+    Ragged,
+    _flatten,
+    _unflatten,
+    serialized_type_name="raggedfn.Ragged",
+    flatten_with_keys_fn=_flatten_with_keys,
+)
+optree.register_pytree_node(
+    Ragged,
+    lambda x: ([x.values, x.offsets, x.sizes], x.layout, ("values", "offsets", "sizes")),
+    lambda layout, leaves: Ragged._make(*leaves, layout),
+    namespace=OPTREE_NAMESPACE,
+)
+# torch mirrors registrations into optree's "torch" namespace when this module is
+# imported; it must come after registering (registering there directly breaks it).
+import torch.utils._cxx_pytree  # noqa: E402
+
+__all__ = ["OPTREE_NAMESPACE", "Ragged", "RaggedError"]
