@@ -235,8 +235,87 @@ class Ragged:
             return f"Ragged(layout={self.layout}, values={type(self.values).__name__})"
         return f"Ragged(shape={shape}, dtype={self.dtype}, device={self.device}, {label}={text})"
 
+    # ----- operators: thin forwards to raggedfn.ops (imported lazily: ops import this module)
+    __hash__ = object.__hash__
+
+    def __add__(self, other: Any) -> Any:
+        return _elementwise().add(self, other)
+
+    def __radd__(self, other: Any) -> Any:
+        return _elementwise().add(other, self)
+
+    def __sub__(self, other: Any) -> Any:
+        return _elementwise().sub(self, other)
+
+    def __rsub__(self, other: Any) -> Any:
+        return _elementwise().sub(other, self)
+
+    def __mul__(self, other: Any) -> Any:
+        return _elementwise().mul(self, other)
+
+    def __rmul__(self, other: Any) -> Any:
+        return _elementwise().mul(other, self)
+
+    def __truediv__(self, other: Any) -> Any:
+        return _elementwise().div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        return _elementwise().div(other, self)
+
+    def __floordiv__(self, other: Any) -> Any:
+        return _elementwise().floor_divide(self, other)
+
+    def __rfloordiv__(self, other: Any) -> Any:
+        return _elementwise().floor_divide(other, self)
+
+    def __pow__(self, other: Any) -> Any:
+        return _elementwise().pow(self, other)
+
+    def __rpow__(self, other: Any) -> Any:
+        return _elementwise().pow(other, self)
+
+    def __neg__(self) -> Any:
+        return _elementwise().neg(self)
+
+    def __abs__(self) -> Any:
+        return _elementwise().abs(self)
+
+    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
+        return _elementwise().eq(self, other)
+
+    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
+        return _elementwise().ne(self, other)
+
+    def __lt__(self, other: Any) -> Any:
+        return _elementwise().lt(self, other)
+
+    def __le__(self, other: Any) -> Any:
+        return _elementwise().le(self, other)
+
+    def __gt__(self, other: Any) -> Any:
+        return _elementwise().gt(self, other)
+
+    def __ge__(self, other: Any) -> Any:
+        return _elementwise().ge(self, other)
+
+    def __matmul__(self, other: Any) -> Any:
+        from .ops import _products
+
+        return _products.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        from .ops import _products
+
+        return _products.matmul(other, self)
+
     def __bool__(self) -> bool:
         raise fail("Ragged.__bool__", "the truth value of a Ragged value is ambiguous")
+
+
+def _elementwise() -> Any:
+    from .ops import _elementwise
+
+    return _elementwise
 
 
 def _sample(x: Ragged, index: int) -> Tensor:
