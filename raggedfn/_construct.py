@@ -66,14 +66,41 @@ def _validate(fn: str, values: Tensor, offsets: Tensor, sizes: Tensor) -> None:
     if sizes.ndim != 2 or sizes.shape[0] != batch_size:
         raise fail(fn, f"sizes must be a [B, R] = [{batch_size}, R] tensor, got {describe(sizes)}")
     if bool((sizes < 0).any()):
-        raise fail(fn, f"sizes must be non-negative, got {sizes.tolist()}")
-    counts = sizes.prod(dim=1) if sizes.shape[1] else torch.ones_like(steps)
-    if not torch.equal(counts, steps):
+        bad = int((sizes < 0).any(dim=1).nonzero()[0, 0])
+        raise fail(fn, f"sizes must be non-negative, got sizes[{bad}] = {sizes[bad].tolist()}")
+    # float64 products cannot wrap around like int64 ones (exact below 2**53)
+    counts = sizes.to(torch.float64).prod(dim=1)
+    if not torch.equal(counts, steps.to(torch.float64)):
         bad = int((counts != steps).nonzero()[0, 0])
         raise fail(
             fn,
             f"sample {bad} has sizes {sizes[bad].tolist()} (product {int(counts[bad])}) but "
             f"offsets give it {int(steps[bad])} rows",
+        )
+
+
+def _check_products(fn: str, sizes: Tensor, total: int) -> None:
+    """Refuse sizes whose product exceeds the packed rows (int64 products could wrap)."""
+    if sizes.numel() == 0:
+        return
+    # float64 products cannot wrap; they are exact below 2**53, far above any real T
+    products = sizes.to(torch.float64).prod(dim=1)
+    if bool((products > total).any()):
+        bad = int((products > total).nonzero()[0, 0])
+        raise fail(
+            fn,
+            f"sample {bad} has sizes {sizes[bad].tolist()} whose product exceeds the "
+            f"{total} packed rows of values",
+        )
+
+
+def _check_total(fn: str, name: str, sizes: Tensor, total: int) -> None:
+    """The samples' element counts (products of ``sizes`` rows) must add up to ``total``."""
+    _check_products(fn, sizes, total)
+    counted = int(sizes.prod(dim=1).sum()) if sizes.numel() else 0
+    if counted != total:
+        raise fail(
+            fn, f"{name} account for {counted} packed rows in total but values.shape[0] = {total}"
         )
 
 
@@ -219,8 +246,9 @@ def from_lengths(values: Tensor, lengths: Any) -> Ragged:
         raise fail(fn, f"lengths must be a 1-D [B] tensor, got {describe(lengths)}")
     if bool((lengths < 0).any()):
         raise fail(fn, f"lengths must be non-negative, got {lengths.tolist()}")
-    offsets = offsets_of(lengths)
     sizes = lengths.unsqueeze(1)
+    _check_total(fn, "lengths", sizes, values.shape[0])
+    offsets = offsets_of(lengths)
     _validate(fn, values, offsets, sizes)
     return Ragged(values, offsets, sizes, Layout.standard(1, values.ndim - 1))
 
@@ -259,6 +287,7 @@ def from_sizes(
         )
     if bool((sizes < 0).any()):
         raise fail(fn, f"sizes must be non-negative, got {sizes.tolist()}")
+    _check_total(fn, "sizes", sizes, values.shape[0])
     offsets = offsets_of(sizes.prod(dim=1))
     _validate(fn, values, offsets, sizes)
     return Ragged(values, offsets, sizes, Layout.from_ragged_positions(rank, positions))
@@ -467,10 +496,12 @@ def from_nested(njt: Tensor) -> Ragged:
     """A ``Ragged`` sharing the packed values of a ``torch.nested`` jagged tensor."""
     fn = "from_nested"
     if not isinstance(njt, Tensor) or not njt.is_nested or njt.layout != torch.jagged:
-        raise fail(
-            fn,
-            f"njt must be a torch.nested tensor with layout=torch.jagged, got {describe(njt) if not isinstance(njt, Tensor) else f'layout {njt.layout}'}",
+        got = (
+            f"a nested tensor with layout {njt.layout}"
+            if isinstance(njt, Tensor) and njt.is_nested
+            else describe(njt)
         )
+        raise fail(fn, f"njt must be a torch.nested tensor with layout=torch.jagged, got {got}")
     if getattr(njt, "_ragged_idx", 1) != 1:
         raise fail(
             fn,

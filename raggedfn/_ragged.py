@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,23 +199,40 @@ class Ragged:
     def __getitem__(self, index: Any) -> Any:
         """``x[i]`` is sample ``i`` (a tensor in logical axis order);
         ``x[i:j]``, ``x[int tensor]``, ``x[bool tensor]`` and ``x[list]`` are sub-batches."""
+        fn = "Ragged.__getitem__"
         if isinstance(index, (int, torch.SymInt)) and not isinstance(index, bool):
             return _sample(self, index)
         if (
             isinstance(index, Tensor)
             and index.ndim == 0
             and not index.is_floating_point()
+            and not index.is_complex()
             and index.dtype != torch.bool
         ):
             return _sample(self, int(index))
+        if isinstance(index, tuple):
+            # x[i, j] would mean "element j of sample i" for a tensor: refuse, never guess
+            raise fail(
+                fn,
+                f"multi-axis indexing {index!r} is not supported; index a sample first "
+                "(x[i][...]) or pass a list of samples (x[[i, j]])",
+            )
+        if not isinstance(index, (Tensor, slice, list, bool)) and hasattr(index, "__index__"):
+            return _sample(self, operator.index(index))  # numpy integers
         if isinstance(index, slice):
-            index = torch.arange(self.batch_size, device=self.device)[index]
-        if isinstance(index, (list, tuple)):
-            index = torch.as_tensor(index, dtype=torch.int64, device=self.device)
+            index = torch.tensor(range(self.batch_size)[index], dtype=torch.int64)
+        if isinstance(index, list):
+            if not all(isinstance(i, (bool, int)) or hasattr(i, "__index__") for i in index) or (
+                0 < sum(isinstance(i, bool) for i in index) < len(index)
+            ):
+                raise fail(
+                    fn, f"a list index must hold only ints or only bools, got {describe(index)}"
+                )
+            index = torch.as_tensor(index) if index else torch.zeros(0, dtype=torch.int64)
         if isinstance(index, Tensor):
-            return _select_samples(self, index)
+            return _select_samples(self, index.to(self.offsets.device))
         raise fail(
-            "Ragged.__getitem__",
+            fn,
             f"index must be an int, a slice, a list or a 1-D int/bool tensor of samples, got {describe(index)}",
         )
 
