@@ -1,0 +1,280 @@
+"""Per-sample products: ``matmul`` and ``einsum`` over ragged and dense operands.
+
+A product whose ragged axes only ride along (one ``Ragged`` operand, every
+contracted or combined axis dense, ragged axes kept in storage order) runs as
+one dense op on the packed ``values``. Anything else (contracting a ragged axis,
+combining two ragged operands, making a pair state) runs per length bucket:
+samples of similar size are padded to the bucket's extents and multiplied with
+one batched dense call per bucket (see ``_bucket.py``), so the work follows
+``sum_i N_i^2`` / ``sum_i N_i^3`` rather than ``B * N_max^k``.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import describe, fail
+from .._layout import Layout
+from .._ragged import Ragged
+from . import _bucket
+
+__all__ = ["einsum", "matmul"]
+
+_LETTERS = string.ascii_letters
+
+
+def _parse(fn: str, equation: str, count: int) -> tuple[list[str], str]:
+    if not isinstance(equation, str):
+        raise fail(fn, f"equation must be a string, got {describe(equation)}")
+    text = equation.replace(" ", "")
+    if "..." in text:
+        raise fail(fn, f"equation {equation!r}: ellipsis '...' is not supported; name every axis")
+    if "->" not in text:
+        raise fail(fn, f"equation {equation!r} must give the output explicitly ('...->...')")
+    lhs, rhs = text.split("->")
+    inputs = lhs.split(",")
+    if len(inputs) != count:
+        raise fail(fn, f"equation {equation!r} names {len(inputs)} operands, got {count}")
+    for sub in [*inputs, rhs]:
+        if not all(c in _LETTERS for c in sub) or len(set(sub)) != len(sub):
+            raise fail(
+                fn,
+                f"equation {equation!r}: subscripts must be distinct letters per operand, "
+                f"got {sub!r}",
+            )
+    return inputs, rhs
+
+
+def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
+    """Per-sample ``torch.einsum`` over ``Ragged`` and dense operands.
+
+    Each ``Ragged`` operand's subscripts name its logical axes, the batch axis
+    first; the first letter is the batch letter, shared by every ``Ragged``
+    operand and the output. A dense operand whose subscripts contain the batch
+    letter (first) is a batched ``[B, ...]`` tensor; otherwise it is shared by
+    all samples (a weight). A letter on a ragged axis must be ragged wherever it
+    appears, with the same size in each sample. Output letters that are ragged
+    become ragged axes of the result; with none, the result is a dense
+    ``[B, ...]`` tensor. Ellipsis is not supported.
+
+    Args:
+        equation: e.g. ``'bikc,bjkc->bijc'`` (triangle update, outgoing),
+            ``'bkic,bkjc->bijc'`` (incoming), ``'bnd,bmd->bnm'`` (scores),
+            ``'bnd,de->bne'`` (a weight).
+        operands: ``Ragged`` values and tensors.
+
+    Returns:
+        ``Ragged`` with layout ragged axes numbered in output order, or a dense
+        tensor when no output axis is ragged.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.randn(2, 3), torch.randn(4, 3)])
+        >>> s = raggedfn.einsum('bnd,bmd->bnm', x, x)
+        >>> s.shape, s.sizes.tolist()
+        ((2, None, None), [[2, 2], [4, 4]])
+    """
+    fn = "einsum"
+    inputs, rhs = _parse(fn, equation, len(operands))
+    if not any(isinstance(op, Ragged) for op in operands):
+        return torch.einsum(equation, *operands)
+    batch_letter = ""
+    ragged_sizes: dict[str, list[int]] = {}
+    dense_letters: set[str] = set()
+    symbols_of: list[list[str]] = []
+    batch_size = -1
+    for n, (op, sub) in enumerate(zip(operands, inputs, strict=True)):
+        if isinstance(op, Ragged):
+            if len(sub) != op.ndim:
+                raise fail(
+                    fn,
+                    f"operand {n} has {op.ndim} logical axes (shape {op.shape}) but subscripts "
+                    f"{sub!r}",
+                )
+            batch_letter = batch_letter or sub[0]
+            if sub[0] != batch_letter:
+                raise fail(
+                    fn,
+                    f"operand {n}: a Ragged operand's first subscript is the batch letter "
+                    f"{batch_letter!r}, got {sub!r}",
+                )
+            if batch_size >= 0 and op.batch_size != batch_size:
+                raise fail(fn, f"operand {n} has {op.batch_size} samples, expected {batch_size}")
+            batch_size = op.batch_size
+            columns = _bucket.ragged_sizes(op)
+            symbols = [""] * op.num_ragged
+            for p, axis in enumerate(op.layout.axes):
+                letter = sub[1 + p]
+                if axis.ragged:
+                    symbols[axis.index] = letter
+                    known = ragged_sizes.setdefault(letter, columns[axis.index])
+                    if known != columns[axis.index]:
+                        raise fail(
+                            fn,
+                            f"ragged axis {letter!r} has sizes {known} in one operand and "
+                            f"{columns[axis.index]} in operand {n}",
+                        )
+                else:
+                    dense_letters.add(letter)
+            symbols_of.append(symbols)
+        elif isinstance(op, Tensor):
+            if len(sub) != op.ndim:
+                raise fail(
+                    fn,
+                    f"operand {n} is {describe(op)} but has subscripts {sub!r} ({len(sub)} axes)",
+                )
+            dense_letters.update(sub)
+            symbols_of.append([])
+        else:
+            raise fail(fn, f"operand {n} must be a Ragged value or a tensor, got {describe(op)}")
+    dense_letters.discard(batch_letter)
+    mixed = sorted(set(ragged_sizes) & dense_letters)
+    if mixed:
+        raise fail(fn, f"letters {mixed} are ragged in one operand and dense in another")
+    for n, (op, sub) in enumerate(zip(operands, inputs, strict=True)):
+        if isinstance(op, Tensor) and batch_letter in sub:
+            if sub[0] != batch_letter or op.shape[0] != batch_size:
+                raise fail(
+                    fn,
+                    f"operand {n} ({describe(op)}) uses the batch letter {batch_letter!r}: it must "
+                    f"come first and have size B = {batch_size}",
+                )
+    if not rhs or rhs[0] != batch_letter:
+        raise fail(fn, f"the output {rhs!r} must start with the batch letter {batch_letter!r}")
+    out_positions = tuple(p for p, c in enumerate(rhs[1:]) if c in ragged_sizes)
+    out_symbols = [rhs[1 + p] for p in out_positions]
+    out_layout = Layout.from_ragged_positions(len(rhs) - 1, out_positions)
+
+    raggeds = [n for n, op in enumerate(operands) if isinstance(op, Ragged)]
+    batched_dense = [
+        n for n, op in enumerate(operands) if isinstance(op, Tensor) and batch_letter in inputs[n]
+    ]
+    if len(raggeds) == 1 and not batched_dense and out_symbols:
+        n = raggeds[0]
+        x = operands[n]
+        assert isinstance(x, Ragged)
+        if out_symbols == symbols_of[n]:
+            return _packed(equation, operands, inputs, rhs, n, out_layout)
+
+    buckets = _bucket.plan(ragged_sizes, batch_size)
+    per_operand: list[list[Any]] = []
+    for n, op in enumerate(operands):
+        if isinstance(op, Ragged):
+            per_operand.append(_bucket.pad(op, symbols_of[n], buckets))
+        elif n in batched_dense:
+            per_operand.append(_bucket.pad_dense(op, buckets))
+        else:
+            per_operand.append([op] * len(buckets))
+    text = ",".join(inputs) + "->" + rhs
+    parts = [torch.einsum(text, *args) for args in zip(*per_operand, strict=True)]
+    if not out_symbols:
+        return _bucket.unpad_dense(parts, buckets, batch_size)
+    return _bucket.unpad(parts, out_layout, out_symbols, buckets, ragged_sizes, batch_size)
+
+
+def _packed(
+    equation: str,
+    operands: tuple[Ragged | Tensor, ...],
+    inputs: list[str],
+    rhs: str,
+    n: int,
+    out_layout: Layout,
+) -> Ragged:
+    """One einsum on packed values: the ragged axes of operand ``n`` only ride along."""
+    x = operands[n]
+    assert isinstance(x, Ragged)
+    used = set(equation)
+    packed_letter = next(c for c in _LETTERS if c not in used)
+    dense_by_index = {
+        a.index: inputs[n][1 + p] for p, a in enumerate(x.layout.axes) if not a.ragged
+    }
+    x_sub = packed_letter + "".join(dense_by_index[j] for j in range(x.layout.num_dense))
+    out_dense = {a.index: rhs[1 + p] for p, a in enumerate(out_layout.axes) if not a.ragged}
+    out_sub = packed_letter + "".join(out_dense[j] for j in range(out_layout.num_dense))
+    subs = [x_sub if m == n else s for m, s in enumerate(inputs)]
+    args = [x.values if m == n else op for m, op in enumerate(operands)]
+    values = torch.einsum(",".join(subs) + "->" + out_sub, *args)
+    return Ragged(values, x.offsets, x.sizes, out_layout)
+
+
+def _matmul_subscripts(fn: str, rank_a: int, rank_b: int) -> tuple[str, str, str]:
+    """Per-sample ``torch.matmul`` subscripts (without the batch letter)."""
+    if rank_a < 1 or rank_b < 1:
+        raise fail(fn, f"operands need at least one sample axis, got ranks {rank_a} and {rank_b}")
+    if rank_a == 1 and rank_b == 1:
+        return "k", "k", ""
+    if rank_a == 1:
+        lead = "ABCDEFGH"[: rank_b - 2]
+        return "k", lead + "kj", lead + "j"
+    if rank_b == 1:
+        lead = "ABCDEFGH"[: rank_a - 2]
+        return lead + "ik", "k", lead + "i"
+    lead_a = "ABCDEFGH"[: rank_a - 2]
+    lead_b = "ABCDEFGH"[: rank_b - 2]
+    lead = lead_a if len(lead_a) >= len(lead_b) else lead_b
+    lead_a, lead_b = lead[len(lead) - len(lead_a) :], lead[len(lead) - len(lead_b) :]
+    return lead_a + "ik", lead_b + "kj", lead + "ij"
+
+
+def matmul(a: Ragged | Tensor, b: Ragged | Tensor) -> Ragged | Tensor:
+    """Per-sample ``torch.matmul``: ``[a_i @ b_i for each sample i]``.
+
+    A dense tensor operand is shared by all samples (a weight). Typical uses:
+    ``x @ W`` with ``x (B, N*, D)`` and ``W [D, E]`` gives ``(B, N*, E)``;
+    ``matmul(q, transpose(k, 1, 2))`` with ``q (B, N*, D)`` and ``k (B, M*, D)``
+    gives the score state ``(B, N*, M*)`` (sizes ``(N_i, M_i)``); ``matmul(p, v)``
+    with ``p (B, N*, M*)`` and ``v (B, M*, D)`` contracts the ragged axis and gives
+    ``(B, N*, D)``. Leading sample axes must match (no broadcasting of size 1
+    against a ragged axis). Gradients flow to every floating operand.
+
+    Args:
+        a: ``Ragged`` or tensor.
+        b: ``Ragged`` or tensor.
+
+    Returns:
+        ``Ragged`` (or a dense ``[B, ...]`` tensor when no ragged axis remains).
+
+    Example:
+        >>> import torch, raggedfn
+        >>> q = raggedfn.from_list([torch.randn(2, 4), torch.randn(3, 4)])
+        >>> (q @ torch.randn(4, 5)).shape
+        (2, None, 5)
+        >>> kt = raggedfn.einsum('bnd->bdn', q)
+        >>> raggedfn.matmul(q, kt).sizes.tolist()
+        [[2, 2], [3, 3]]
+    """
+    fn = "matmul"
+    if not isinstance(a, Ragged) and not isinstance(b, Ragged):
+        if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+            raise fail(fn, f"operands must be Ragged values or tensors, got {describe(a)}")
+        return torch.matmul(a, b)
+    for name, op in (("a", a), ("b", b)):
+        if not isinstance(op, (Ragged, Tensor)):
+            raise fail(fn, f"{name} must be a Ragged value or a tensor, got {describe(op)}")
+    rank_a = a.layout.rank if isinstance(a, Ragged) else a.ndim
+    rank_b = b.layout.rank if isinstance(b, Ragged) else b.ndim
+    if isinstance(a, Ragged) and isinstance(b, Tensor) and b.ndim > 2:
+        raise fail(fn, f"a dense right operand must be a [K] or [K, N] weight, got {describe(b)}")
+    if isinstance(b, Ragged) and isinstance(a, Tensor) and a.ndim > 2:
+        raise fail(fn, f"a dense left operand must be a [K] or [M, K] weight, got {describe(a)}")
+    sub_a, sub_b, sub_out = _matmul_subscripts(fn, rank_a, rank_b)
+    batch = next(c for c in "zyxw" if c not in sub_a + sub_b)
+    if isinstance(a, Ragged):
+        sub_a = batch + sub_a
+    if isinstance(b, Ragged):
+        sub_b = batch + sub_b
+    for name, op, sub in (("a", a, sub_a), ("b", b, sub_b)):
+        if isinstance(op, Ragged):
+            contracted = "k" in sub and op.layout.axes[sub.index("k") - 1].ragged
+            other = b if name == "a" else a
+            if contracted and not isinstance(other, Ragged):
+                raise fail(
+                    fn,
+                    f"{name} of logical shape {op.shape} has a ragged contracted axis, so the other "
+                    f"operand must be Ragged too, got {describe(other)}",
+                )
+    return einsum(f"{sub_a},{sub_b}->{batch}{sub_out}", a, b)
