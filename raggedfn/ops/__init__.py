@@ -3,8 +3,15 @@
 Each submodule defines ``__all__``; this package re-exports them all.
 """
 
-from . import _products
+from . import _attention, _broadcast, _elementwise, _nn, _products, _shape
+from ._attention import *  # noqa: F403
+from ._broadcast import *  # noqa: F403
+from ._elementwise import *  # noqa: F403
+from ._nn import *  # noqa: F403
 from ._products import *  # noqa: F403
+from ._shape import *  # noqa: F403
 
 __all__: list[str] = []
 __all__ += _products.__all__
+__all__ += _attention.__all__
+__all__ += _broadcast.__all__ + _elementwise.__all__ + _nn.__all__ + _shape.__all__

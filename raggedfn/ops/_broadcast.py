@@ -1,0 +1,281 @@
+"""Aligning operands of elementwise ops, including broadcasts that create ragged axes.
+
+Every operand is brought to the result's storage: packed rows in the result's
+ragged order (``[T_out, ...]``, or ``[1, ...]`` for per-feature tensors) and
+dense axes in the result's storage order, with size 1 where they broadcast.
+
+A size-1 dense axis broadcasts against a ragged axis of the same sample: with
+``x`` of logical shape ``(B, N*, D)``, ``unsqueeze(x, 2) + unsqueeze(x, 1)`` is a
+pair state ``(B, N*, N*, D)``. Only the real ``sum N_i * M_i`` rows are
+allocated: each operand's rows are gathered with index tensors built from the
+result's coordinates, never padded.
+
+Creating a ragged axis needs the new total row count as a Python int, so that
+(only that) reads one number from the device. Same-partition operands never
+sync in compiled code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from numbers import Number
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import describe, fail
+from .._index import coordinates, offsets_of, segment_ids
+from .._layout import Layout
+from .._ragged import Ragged
+
+__all__ = ["broadcast_tensors"]
+
+
+def _is_tracing(t: Tensor) -> bool:
+    """True under torch.compile, fx or fake-tensor tracing (no data to compare)."""
+    if torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_tracing():
+        return True
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
+
+
+def check_equal(fn: str, what: str, a: Tensor, b: Tensor) -> None:
+    """Require two partition tensors to hold the same values.
+
+    The same object is free. Eagerly the data is compared (one host sync) and a
+    mismatch raises ``RaggedError``. While tracing there is no data to compare
+    and skipping the check could silently mix partitions, so a runtime assertion
+    goes into the graph instead (a mismatch raises ``RuntimeError`` when the
+    compiled code runs).
+    """
+    if a is b:
+        return
+    if a.shape != b.shape:
+        raise fail(
+            fn,
+            f"operands have different partitions: {what} of shape {tuple(a.shape)} and "
+            f"{tuple(b.shape)}",
+        )
+    if _is_tracing(a) or _is_tracing(b):
+        torch._assert_async((a == b).all(), f"{fn}: operands have different partitions ({what})")
+        return
+    if not torch.equal(a, b):
+        raise fail(
+            fn,
+            f"operands have different partitions: {what} {a.tolist()[:8]} and {b.tolist()[:8]} "
+            "differ (only values with the same samples and sizes combine elementwise)",
+        )
+
+
+def ragged_positions(layout: Layout) -> dict[int, int]:
+    """Sample position -> ragged axis ``k``."""
+    return {p: a.index for p, a in enumerate(layout.axes) if a.ragged}
+
+
+def gather_rows(
+    x: Ragged,
+    offsets: Tensor,
+    sizes: Tensor,
+    layout: Layout,
+    total: int,
+    index: tuple[Tensor, list[Tensor]] | None = None,
+) -> Tensor:
+    """``x.values`` rows gathered into a result partition (``offsets``, ``sizes``, ``layout``).
+
+    Every ragged axis of ``x`` must be ragged at the same logical position in
+    ``layout``; the result's other ragged axes broadcast (``x`` repeats along them).
+    ``index`` is ``coordinates(offsets, sizes, total)`` when already computed.
+    """
+    segments, coords = index if index is not None else coordinates(offsets, sizes, total)
+    result_k = ragged_positions(layout)
+    row = x.offsets[segments]
+    stride = torch.ones_like(row)
+    position_of = {k: p for p, k in ragged_positions(x.layout).items()}
+    for k in range(x.layout.num_ragged - 1, -1, -1):
+        row = row + coords[result_k[position_of[k]]] * stride
+        if k:
+            stride = stride * x.sizes[segments, k]
+    return x.values[row]
+
+
+def _sample_shape(op: Any) -> list[Any]:
+    """Per sample position: ("r", k) for ragged, ("d", size) for dense."""
+    dense = op.values.shape[1:]
+    return [("r", a.index) if a.ragged else ("d", dense[a.index]) for a in op.layout.axes]
+
+
+def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, Layout]:
+    """Operands laid out like the result, plus the result's ``offsets``, ``sizes``, ``layout``.
+
+    ``operands`` holds at least one ``Ragged``; the others may be Python numbers,
+    0-d tensors, or dense tensors that broadcast against the logical shape
+    ``(B, ...)`` from the right (a leading batch axis of size ``B`` gives a
+    per-sample tensor; size-1 axes broadcast along ragged axes).
+    """
+    raggeds = [op for op in operands if isinstance(op, Ragged)]
+    first = raggeds[0]
+    ndim, rank, batch = first.ndim, first.layout.rank, first.batch_size
+    device = first.device
+    for i, op in enumerate(operands):
+        if isinstance(op, Ragged):
+            if op.ndim != ndim:
+                raise fail(
+                    fn,
+                    f"operand {i} has logical shape {op.shape} but operand "
+                    f"{operands.index(first)} has {first.shape}; Ragged operands need the same "
+                    "rank (insert size-1 axes with unsqueeze)",
+                )
+            if op.offsets.shape != first.offsets.shape:
+                raise fail(
+                    fn,
+                    f"operands have different partitions: batch sizes {op.batch_size} and {batch}",
+                )
+        elif isinstance(op, Tensor):
+            if op.ndim > ndim:
+                raise fail(
+                    fn,
+                    f"operand {i} ({describe(op)}) has more axes than the logical shape "
+                    f"{first.shape}",
+                )
+        elif not isinstance(op, (Number, torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise fail(
+                fn,
+                f"operand {i} must be a Ragged value, a tensor or a number, got {describe(op)}",
+            )
+        if (isinstance(op, Ragged) or (isinstance(op, Tensor) and op.ndim)) and op.device != device:
+            raise fail(
+                fn, f"operand {i} is on {op.device}, expected {device} like the Ragged operand"
+            )
+    # Per logical sample position: which operands are ragged there, and dense sizes.
+    shapes: list[list[Any] | None] = []
+    for op in operands:
+        if isinstance(op, Ragged):
+            shapes.append(_sample_shape(op))
+        elif isinstance(op, Tensor) and op.ndim:
+            pad = [1] * (ndim - op.ndim) + list(op.shape)
+            if pad[0] != 1 and pad[0] != batch:
+                raise fail(
+                    fn,
+                    f"tensor operand of shape {tuple(op.shape)} has {pad[0]} along the batch "
+                    f"axis, expected {batch} or 1 (logical shape {first.shape})",
+                )
+            shapes.append([("d", s) for s in pad[1:]])
+        else:
+            shapes.append(None)
+    ragged_at = sorted({p for s in shapes if s is not None for p, e in enumerate(s) if e[0] == "r"})
+    for p in range(rank):
+        entries = [(i, s[p]) for i, s in enumerate(shapes) if s is not None]
+        if p in ragged_at:
+            for i, e in entries:
+                if e[0] == "d" and e[1] != 1:
+                    raise fail(
+                        fn,
+                        f"operand {i} has size {e[1]} along logical axis {p + 1}, which is ragged "
+                        "in another operand; only size 1 broadcasts against a ragged axis",
+                    )
+        else:
+            found = {e[1] for _, e in entries} - {1}
+            if len(found) > 1:
+                raise fail(
+                    fn,
+                    f"operands have sizes {sorted(found)} along dense logical axis {p + 1}, "
+                    "which do not broadcast",
+                )
+    base = next((op for op in raggeds if sorted(ragged_positions(op.layout)) == ragged_at), None)
+    index: tuple[Tensor, list[Tensor]] | None = None
+    owner_of: dict[int, Ragged] = {}
+    if base is not None:
+        layout, offsets, sizes = base.layout, base.offsets, base.sizes
+        total = base.values.shape[0]
+    else:
+        layout = Layout.from_ragged_positions(rank, tuple(ragged_at))
+        columns = []
+        for p in ragged_at:
+            owner = next(op for op in raggeds if p in ragged_positions(op.layout))
+            owner_of[p] = owner
+            columns.append(owner.sizes[:, ragged_positions(owner.layout)[p]])
+        sizes = torch.stack(columns, 1)
+        offsets = offsets_of(sizes.prod(dim=1))
+        total = int(offsets[-1])  # the one host sync: the new row count
+    result_k = ragged_positions(layout)
+    dense_order = sorted(
+        (p for p in range(rank) if p not in result_k), key=lambda p: layout.axes[p].index
+    )
+    segments: Tensor | None = None
+    prepared: list[Any] = []
+    for op in operands:
+        if isinstance(op, Ragged):
+            own = ragged_positions(op.layout)
+            if sorted(own) == ragged_at and all(result_k[p] == k for p, k in own.items()):
+                if op is not base:
+                    check_equal(fn, "sizes", op.sizes, sizes)
+                    check_equal(fn, "offsets", op.offsets, offsets)
+                values = op.values
+            else:
+                for p, k in own.items():
+                    same = op.sizes is sizes and k == result_k[p]
+                    if owner_of.get(p) is not op and not same:
+                        check_equal(
+                            fn, f"sizes along axis {p + 1}", op.sizes[:, k], sizes[:, result_k[p]]
+                        )
+                if index is None:
+                    index = coordinates(offsets, sizes, total)
+                values = gather_rows(op, offsets, sizes, layout, total, index)
+            squeezed = sorted(op.layout.axes[p].index for p in result_k if p not in own)
+            if squeezed:
+                values = values.squeeze(tuple(1 + j for j in squeezed))
+            remaining = [j for j in range(op.layout.num_dense) if j not in squeezed]
+            order = [remaining.index(op.layout.axes[p].index) for p in dense_order]
+            if order != sorted(order):
+                values = values.permute(0, *(1 + j for j in order))
+            prepared.append(values)
+        elif isinstance(op, Tensor) and op.ndim:
+            t = op.reshape((1,) * (ndim - op.ndim) + tuple(op.shape))
+            if t.shape[0] != 1:
+                if segments is None:
+                    segments = index[0] if index is not None else segment_ids(offsets, total)
+                t = t[segments]
+            if result_k:
+                t = t.squeeze(tuple(1 + p for p in result_k))
+            logical = sorted(dense_order)
+            order = [logical.index(p) for p in dense_order]
+            if order != sorted(order):
+                t = t.permute(0, *(1 + j for j in order))
+            prepared.append(t)
+        else:
+            prepared.append(op)
+    return prepared, offsets, sizes, layout
+
+
+def broadcast_tensors(*xs: Any) -> tuple[Ragged, ...]:
+    """Broadcast operands against each other like ``torch.broadcast_tensors``.
+
+    Size-1 axes broadcast against ragged axes too, creating them (see module
+    docstring); the results share one partition and layout.
+
+    Args:
+        xs: ``Ragged`` values (at least one), dense tensors or numbers.
+
+    Returns:
+        One ``Ragged`` per operand, all of the same logical shape and partition.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(1, 3)])
+        >>> a, b = raggedfn.broadcast_tensors(raggedfn.unsqueeze(x, 2), raggedfn.unsqueeze(x, 1))
+        >>> a.shape, a.sizes.tolist(), a.values.shape
+        ((2, None, None, 3), [[2, 2], [1, 1]], torch.Size([5, 3]))
+    """
+    fn = "broadcast_tensors"
+    if not any(isinstance(x, Ragged) for x in xs):
+        raise fail(fn, "needs at least one Ragged operand")
+    prepared, offsets, sizes, layout = align(fn, xs)
+    dtype = next(x.dtype for x in xs if isinstance(x, Ragged))
+    shape = torch.broadcast_shapes(*(p.shape if isinstance(p, Tensor) else () for p in prepared))
+    out = []
+    for p in prepared:
+        t = p if isinstance(p, Tensor) else torch.tensor(p, dtype=dtype, device=offsets.device)
+        out.append(Ragged(t.expand(shape), offsets, sizes, layout))
+    return tuple(out)

@@ -1,0 +1,335 @@
+"""Elementwise ops on ``Ragged`` values: arithmetic, comparisons, ``where``, ``apply``.
+
+Operands may be ``Ragged`` values, Python numbers, 0-d tensors or dense tensors
+that broadcast against the logical shape ``(B, ...)`` from the right: ``[D]``
+per feature, ``[B, 1, D]`` per sample (size-1 axes broadcast along ragged axes).
+
+Two ``Ragged`` operands combine when they have the same partition: the same
+offsets/sizes objects cost nothing; equal-valued ones are compared once
+(eagerly: a host sync and ``RaggedError`` on mismatch; while compiling: a
+runtime assertion). Different dim orders are fine: the second operand is
+permuted to the first one's storage. A size-1 axis against a ragged axis
+broadcasts and creates that ragged axis (see ``raggedfn.ops._broadcast``).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import describe, fail
+from .._layout import Axis, Layout
+from .._ragged import Ragged
+from ._broadcast import align
+from ._shape import dense_in_logical_order, reorder_dense
+
+__all__ = [
+    "abs",
+    "add",
+    "apply",
+    "div",
+    "eq",
+    "floor_divide",
+    "ge",
+    "gt",
+    "le",
+    "lt",
+    "mul",
+    "ne",
+    "neg",
+    "pow",
+    "sub",
+    "where",
+]
+
+
+def _binary(fn: str, op: Callable[[Any, Any], Any], x: Any, y: Any) -> Any:
+    if not isinstance(x, Ragged) and not isinstance(y, Ragged):
+        if isinstance(x, Tensor) or isinstance(y, Tensor):
+            return op(x, y)
+        raise fail(fn, f"needs a Ragged or tensor operand, got {describe(x)} and {describe(y)}")
+    (a, b), offsets, sizes, layout = align(fn, [x, y])
+    return Ragged(op(a, b), offsets, sizes, layout)
+
+
+def _unary(fn: str, op: Callable[[Tensor], Tensor], x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return op(x)
+    if not isinstance(x, Ragged):
+        raise fail(fn, f"x must be a Ragged value or a tensor, got {describe(x)}")
+    return Ragged(op(x.values), x.offsets, x.sizes, x.layout)
+
+
+def add(x: Any, y: Any) -> Any:
+    """``x + y`` elementwise (see the module docstring for operands).
+
+    Args:
+        x, y: ``Ragged`` values, numbers or broadcastable tensors (one ``Ragged`` at least).
+
+    Returns:
+        ``Ragged`` with the broadcast logical shape.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(1, 3)])
+        >>> raggedfn.add(x, torch.arange(3.0)).values.tolist()
+        [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+    """
+    return _binary("add", operator.add, x, y)
+
+
+def sub(x: Any, y: Any) -> Any:
+    """``x - y`` elementwise.
+
+    Args:
+        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+
+    Returns:
+        ``Ragged`` with the broadcast logical shape.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_lengths(torch.tensor([1.0, 2.0, 3.0]), [1, 2])
+        >>> (2 - x).values.tolist()
+        [1.0, 0.0, -1.0]
+    """
+    return _binary("sub", operator.sub, x, y)
+
+
+def mul(x: Any, y: Any) -> Any:
+    """``x * y`` elementwise.
+
+    Args:
+        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+
+    Returns:
+        ``Ragged`` with the broadcast logical shape.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_lengths(torch.tensor([1.0, 2.0, 3.0]), [1, 2])
+        >>> raggedfn.mul(x, torch.tensor([[10.0], [100.0]])).values.tolist()
+        [10.0, 200.0, 300.0]
+    """
+    return _binary("mul", operator.mul, x, y)
+
+
+def div(x: Any, y: Any) -> Any:
+    """``x / y`` elementwise (true division).
+
+    Args:
+        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+
+    Returns:
+        ``Ragged`` with the broadcast logical shape.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (raggedfn.from_lengths(torch.tensor([1.0, 2.0]), [2]) / 2).values.tolist()
+        [0.5, 1.0]
+    """
+    return _binary("div", operator.truediv, x, y)
+
+
+def pow(x: Any, y: Any) -> Any:
+    """``x ** y`` elementwise.
+
+    Args:
+        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+
+    Returns:
+        ``Ragged`` with the broadcast logical shape.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (raggedfn.from_lengths(torch.tensor([1.0, 3.0]), [2]) ** 2).values.tolist()
+        [1.0, 9.0]
+    """
+    return _binary("pow", operator.pow, x, y)
+
+
+def floor_divide(x: Any, y: Any) -> Any:
+    """``x // y`` elementwise (rounds toward negative infinity, like torch).
+
+    Args:
+        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+
+    Returns:
+        ``Ragged`` with the broadcast logical shape.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (raggedfn.from_lengths(torch.tensor([7, -7]), [2]) // 2).values.tolist()
+        [3, -4]
+    """
+    return _binary("floor_divide", operator.floordiv, x, y)
+
+
+def eq(x: Any, y: Any) -> Any:
+    """``x == y`` elementwise, a bool ``Ragged``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) == 2).values.tolist()
+        [False, True]
+    """
+    return _binary("eq", operator.eq, x, y)
+
+
+def ne(x: Any, y: Any) -> Any:
+    """``x != y`` elementwise, a bool ``Ragged``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) != 2).values.tolist()
+        [True, False]
+    """
+    return _binary("ne", operator.ne, x, y)
+
+
+def lt(x: Any, y: Any) -> Any:
+    """``x < y`` elementwise, a bool ``Ragged``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) < 2).values.tolist()
+        [True, False]
+    """
+    return _binary("lt", operator.lt, x, y)
+
+
+def le(x: Any, y: Any) -> Any:
+    """``x <= y`` elementwise, a bool ``Ragged``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) <= 1).values.tolist()
+        [True, False]
+    """
+    return _binary("le", operator.le, x, y)
+
+
+def gt(x: Any, y: Any) -> Any:
+    """``x > y`` elementwise, a bool ``Ragged``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) > 1).values.tolist()
+        [False, True]
+    """
+    return _binary("gt", operator.gt, x, y)
+
+
+def ge(x: Any, y: Any) -> Any:
+    """``x >= y`` elementwise, a bool ``Ragged``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) >= 2).values.tolist()
+        [False, True]
+    """
+    return _binary("ge", operator.ge, x, y)
+
+
+def neg(x: Any) -> Any:
+    """``-x`` elementwise.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> (-raggedfn.from_lengths(torch.tensor([1.0, -2.0]), [2])).values.tolist()
+        [-1.0, 2.0]
+    """
+    return _unary("neg", torch.neg, x)
+
+
+def abs(x: Any) -> Any:
+    """``|x|`` elementwise.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> raggedfn.abs(raggedfn.from_lengths(torch.tensor([1.0, -2.0]), [2])).values.tolist()
+        [1.0, 2.0]
+    """
+    return _unary("abs", torch.abs, x)
+
+
+def where(condition: Any, x: Any, y: Any) -> Ragged:
+    """``x`` where ``condition`` holds, else ``y``, elementwise (like ``torch.where``).
+
+    Args:
+        condition: a bool ``Ragged`` or a bool tensor broadcasting like any operand.
+        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+
+    Returns:
+        ``Ragged`` with the broadcast logical shape.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_lengths(torch.tensor([1.0, -2.0, 3.0]), [1, 2])
+        >>> raggedfn.where(x > 0, x, 0.0).values.tolist()
+        [1.0, 0.0, 3.0]
+    """
+    fn = "where"
+    if not isinstance(condition, (Ragged, Tensor)) or condition.dtype != torch.bool:
+        raise fail(
+            fn, f"condition must be a bool Ragged value or tensor, got {describe(condition)}"
+        )
+    if not any(isinstance(v, Ragged) for v in (condition, x, y)):
+        raise fail(fn, "needs at least one Ragged operand; use torch.where for dense tensors")
+    (c, a, b), offsets, sizes, layout = align(fn, [condition, x, y])
+    return Ragged(torch.where(c, a, b), offsets, sizes, layout)
+
+
+def apply(fn: Callable[..., Tensor], x: Ragged, *args: Any, **kwargs: Any) -> Ragged:
+    """``fn(values, *args, **kwargs)`` on the packed values of ``x``.
+
+    ``fn`` must act on each packed row independently: pointwise (``torch.relu``),
+    or on the trailing dense axes only (``torch.nn.functional.gelu``, a ``Linear``).
+    It receives ``[T, *dense]`` with the dense axes in **logical** order (storage is
+    permuted first if needed) and must return ``[T, *new dense]``. When the
+    number of dense axes changes, the ragged axes of ``x`` must come before all
+    dense axes logically; the new dense axes follow them.
+
+    Args:
+        fn: the function to apply.
+        x: a ``Ragged`` value.
+        args, kwargs: passed on to ``fn`` unchanged.
+
+    Returns:
+        ``Ragged`` with the partition of ``x``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_lengths(torch.tensor([[1.0, -2.0], [-3.0, 4.0]]), [1, 1])
+        >>> raggedfn.apply(torch.relu, x).values.tolist()
+        [[1.0, 0.0], [0.0, 4.0]]
+        >>> raggedfn.apply(torch.sum, x, dim=-1).shape
+        (2, None)
+    """
+    name = "apply"
+    if not callable(fn):
+        raise fail(name, f"fn must be callable, got {describe(fn)}")
+    if not isinstance(x, Ragged):
+        raise fail(name, f"x must be a Ragged value, got {describe(x)}")
+    values, layout = reorder_dense(x.values, x.layout, dense_in_logical_order(x.layout))
+    out = fn(values, *args, **kwargs)
+    if not isinstance(out, Tensor) or out.ndim < 1 or out.shape[0] != values.shape[0]:
+        raise fail(
+            name,
+            f"fn must return a tensor with {values.shape[0]} packed rows, got {describe(out)}",
+        )
+    if out.ndim != values.ndim:
+        if any(a.ragged for a in layout.axes[layout.num_ragged :]):
+            raise fail(
+                name,
+                f"fn changed the number of dense axes ({values.ndim - 1} -> {out.ndim - 1}) but "
+                f"x has a dense axis before a ragged axis (logical shape {x.shape}); "
+                "permute the ragged axes first",
+            )
+        ragged = [a for a in layout.axes if a.ragged]
+        layout = Layout(tuple(ragged) + tuple(Axis(False, j) for j in range(out.ndim - 1)))
+    return Ragged(out, x.offsets, x.sizes, layout)
