@@ -50,3 +50,67 @@ def coordinates(offsets: Tensor, sizes: Tensor, total: int) -> tuple[Tensor, lis
     if num_ragged:
         coords[0] = rest
     return segments, coords
+
+
+def reduced_rows(
+    offsets: Tensor, sizes: Tensor, total: int, reduce: tuple[int, ...]
+) -> tuple[Tensor, int, Tensor, Tensor | None, Tensor | None]:
+    """Output row of every packed row when the ragged axes ``reduce`` are reduced.
+
+    The output keeps the other ragged axes, stored row-major in ``k`` order.
+
+    Returns:
+        ``(segments [T], num_segments, counts [S], offsets [B + 1] | None,
+        sizes [B, R'] | None)``: the output row of each packed row, the number
+        of output rows, the packed rows reduced into each output row, and the
+        output partition (``None`` when no ragged axis is left: then the output
+        row is the sample). Keeping some ragged axes reads the output's total
+        row count on the host (one sync): it depends on the data.
+    """
+    num_ragged = sizes.shape[1]
+    keep = [k for k in range(num_ragged) if k not in reduce]
+    reduced_count = sizes[:, list(reduce)].prod(1)
+    if not keep:
+        return segment_ids(offsets, total), offsets.shape[0] - 1, reduced_count, None, None
+    segments, coords = coordinates(offsets, sizes, total)
+    kept_sizes = sizes[:, keep]
+    kept_lengths = kept_sizes.prod(1)
+    kept_offsets = offsets_of(kept_lengths)
+    num_rows = int(kept_offsets[-1])
+    flat = torch.zeros_like(segments)
+    for k in keep:
+        flat = flat * sizes[segments, k] + coords[k]
+    rows = kept_offsets[segments] + flat
+    counts = torch.repeat_interleave(reduced_count, kept_lengths, output_size=num_rows)
+    return rows, num_rows, counts, kept_offsets, kept_sizes
+
+
+def line_starts(offsets: Tensor, sizes: Tensor, total: int, axis: int) -> tuple[Tensor, Tensor]:
+    """The lines of packed rows along ragged axis ``axis``.
+
+    A line holds the rows of one sample that differ only in their coordinate
+    along ``axis``. Returns ``(starts [T], positions [T])``: the packed index
+    of the first row of each row's line (a unique line id in ``[0, T)``) and
+    the row's coordinate along ``axis``.
+    """
+    segments, coords = coordinates(offsets, sizes, total)
+    stride = torch.ones_like(segments)
+    for k in range(axis + 1, sizes.shape[1]):
+        stride = stride * sizes[segments, k]
+    position = coords[axis]
+    return torch.arange(total, device=offsets.device) - position * stride, position
+
+
+def line_major_rows(offsets: Tensor, sizes: Tensor, total: int, axis: int) -> Tensor:
+    """``[T]`` where each packed row goes when ragged ``axis`` is moved innermost.
+
+    After ``values.index_copy(0, result, values)``-style reordering, every line
+    along ``axis`` (see :func:`line_starts`) occupies consecutive rows in
+    increasing coordinate.
+    """
+    segments, coords = coordinates(offsets, sizes, total)
+    flat = torch.zeros_like(segments)
+    for k in range(sizes.shape[1]):
+        if k != axis:
+            flat = flat * sizes[segments, k] + coords[k]
+    return offsets[segments] + flat * sizes[segments, axis] + coords[axis]

@@ -1,1 +1,48 @@
-"""Segment primitives: the only place in raggedfn with custom autograd rules."""
+"""Segment primitives: the only place in raggedfn with custom autograd rules.
+
+Interface shared by every primitive: ``values [T, *rest]`` (one packed row per
+leading index), ``segments [T]`` int64 (the output row of each packed row, in
+``[0, num_segments)``, any order) and ``num_segments`` (a Python int, so every
+output shape is static and nothing syncs with the host). The same primitive
+serves the single ragged axis of a token batch (segment = sample) and one
+ragged axis of an ``[N_i, M_i]`` batch (segment = sample and remaining
+coordinate, flattened). Empty segments: sum 0, mean NaN, product 1, max/min
+the identity with arg -1, logsumexp -inf; derivatives stay finite.
+
+Custom ``torch.autograd.Function`` rules (torch.func form: ``forward`` without
+ctx, ``setup_context``, a backward built from other primitives,
+``generate_vmap_rule = True``, always called through a plain function):
+``segment_max``/``segment_min`` (ties share the gradient, as ``torch.amax``),
+``segment_softmax``, ``segment_log_softmax``. Everything else is a composite of
+differentiable torch ops, which is as fast and also supports forward-mode AD.
+"""
+
+from ._extrema import identity, segment_max, segment_min
+from ._segment import (
+    broadcast,
+    pad,
+    segment_counts,
+    segment_cumsum,
+    segment_mean,
+    segment_prod,
+    segment_sum,
+    unpad,
+)
+from ._softmax import segment_log_softmax, segment_logsumexp, segment_softmax
+
+__all__ = [
+    "broadcast",
+    "identity",
+    "pad",
+    "segment_counts",
+    "segment_cumsum",
+    "segment_log_softmax",
+    "segment_logsumexp",
+    "segment_max",
+    "segment_mean",
+    "segment_min",
+    "segment_prod",
+    "segment_softmax",
+    "segment_sum",
+    "unpad",
+]

@@ -1,0 +1,109 @@
+"""Softmax, log-softmax and logsumexp normalised within segments.
+
+``segment_softmax`` and ``segment_log_softmax`` carry custom backward rules
+(``y * (g - sum(g * y))`` and ``g - exp(y) * sum(g)``): one segment sum and one
+gather instead of the four kernels autograd would record for the composite.
+Their backwards use :func:`segment_sum`/:func:`broadcast` and the saved output,
+so they are differentiable again. ``segment_logsumexp`` is a composite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._extrema import segment_max
+from ._segment import broadcast, segment_sum
+
+
+def _shift(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    """Per-segment max (a constant for the softmax family); 0 where it is not finite."""
+    with torch.no_grad():
+        peak, _ = segment_max(values.detach(), segments, num_segments)
+    return torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+
+
+def _softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    exp = torch.exp(values - broadcast(_shift(values, segments, num_segments), segments))
+    return exp / broadcast(segment_sum(exp, segments, num_segments), segments)
+
+
+def _log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    shifted = values - broadcast(_shift(values, segments, num_segments), segments)
+    total = segment_sum(torch.exp(shifted), segments, num_segments)
+    return shifted - broadcast(torch.log(total), segments)
+
+
+class _SegmentSoftmax(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+        return _softmax(values, segments, num_segments)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _, segments, num_segments = inputs
+        ctx.save_for_backward(output, segments)
+        ctx.num_segments = num_segments
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        out, segments = ctx.saved_tensors
+        inner = segment_sum(grad * out, segments, ctx.num_segments)
+        return out * (grad - broadcast(inner, segments)), None, None
+
+
+class _SegmentLogSoftmax(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+        return _log_softmax(values, segments, num_segments)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _, segments, num_segments = inputs
+        ctx.save_for_backward(output, segments)
+        ctx.num_segments = num_segments
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        out, segments = ctx.saved_tensors
+        total = segment_sum(grad, segments, ctx.num_segments)
+        return grad - torch.exp(out) * broadcast(total, segments), None, None
+
+
+def segment_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    """Softmax over the rows of each segment, elementwise in the trailing axes.
+
+    Args:
+        values: ``[T, *rest]`` floating point.
+        segments: ``[T]`` int64 segment of every packed row (any order).
+        num_segments: ``S``, an upper bound on the segment ids.
+
+    Returns:
+        ``[T, *rest]``; an empty segment has no rows, so nothing to normalise.
+    """
+    return _SegmentSoftmax.apply(values, segments, num_segments)
+
+
+def segment_log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    """Log-softmax over the rows of each segment; see :func:`segment_softmax`."""
+    return _SegmentLogSoftmax.apply(values, segments, num_segments)
+
+
+def segment_logsumexp(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    """``log(sum(exp(values)))`` of each segment, stabilised; ``[S, *rest]``.
+
+    A segment without rows gives -inf (as ``torch.logsumexp`` of an empty
+    tensor); its log is taken behind a ``where``, so derivatives stay finite.
+    """
+    shift = _shift(values, segments, num_segments)
+    total = segment_sum(torch.exp(values - broadcast(shift, segments)), segments, num_segments)
+    present = total > 0
+    safe = torch.where(present, total, torch.ones_like(total))
+    log = torch.where(present, torch.log(safe), torch.full_like(total, float("-inf")))
+    return log + shift

@@ -1,0 +1,529 @@
+"""Reductions over logical axes: sum, mean, amax, amin, argmax, argmin, ...
+
+Axes are logical (batch = 0, negative allowed), ragged or dense, one or a
+tuple. ``dim=None`` reduces everything into a 0-d tensor, like torch; the
+batch axis can only be reduced that way. Removing the last ragged axis gives a
+dense ``[B, ...]`` tensor; otherwise the result is a ``Ragged`` with the other
+axes in their order. With ``keepdim`` a reduced ragged axis becomes a dense
+axis of size 1 at its logical position.
+
+Empty samples (DESIGN §4): sum 0, prod 1, mean/var/std NaN, amax/amin the
+identity (-inf/+inf, the dtype's extremes for integers), argmax/argmin -1,
+logsumexp -inf, all True, any False, norm 0 (+inf for ``p=-inf``).
+Gradients through them are finite.
+
+Reducing one of two ragged axes (an ``(N*, M*)`` sample) reads the number of
+output rows on the host once, since it depends on the data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .._axes import normalize_axis, values_dim
+from .._errors import fail
+from .._index import coordinates
+from .._prims import (
+    broadcast,
+    identity,
+    segment_logsumexp,
+    segment_max,
+    segment_mean,
+    segment_min,
+    segment_prod,
+    segment_sum,
+)
+from .._ragged import Ragged
+from ._reduce_plan import (
+    Plan,
+    apply,
+    finish,
+    full_result,
+    integer_sum_dtype,
+    map_result,
+    plan,
+    reduced_axes,
+    require_ragged,
+)
+
+Dim = int | Sequence[int] | None
+Result = Ragged | Tensor
+
+__all__ = [
+    "all",
+    "amax",
+    "amin",
+    "any",
+    "argmax",
+    "argmin",
+    "logsumexp",
+    "mean",
+    "norm",
+    "prod",
+    "std",
+    "sum",
+    "var",
+]
+
+
+def _sum_op(values: Tensor, dims: tuple[int, ...]) -> Tensor:
+    return values.sum(dims, keepdim=True)
+
+
+def _segment_sum(values: Tensor, segments: Tensor, num: int, _counts: Tensor) -> Tensor:
+    return segment_sum(values, segments, num)
+
+
+def _require_float(fn: str, x: Ragged) -> None:
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        raise fail(fn, f"x must have a floating point or complex dtype, got {x.dtype}")
+
+
+def sum(
+    x: Ragged, dim: Dim = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> Result:
+    """Sum over logical axes; an empty sample sums to 0.
+
+    Args:
+        x: a ``Ragged`` value.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        keepdim: keep reduced axes with size 1.
+        dtype: cast to this dtype first (integers and bool sum as int64).
+
+    Returns:
+        A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(0, 3)])
+        >>> raggedfn.sum(x, 1)
+        tensor([[2., 2., 2.],
+                [0., 0., 0.]])
+    """
+    x = require_ragged(x, "sum")
+    axes = reduced_axes(x, dim, "sum")
+    values = integer_sum_dtype(x.values, dtype)
+    if axes is None:
+        return full_result(x, values.sum(), keepdim)
+    p = plan(x, axes)
+    return finish(x, p, apply(p, values, _sum_op, _segment_sum), keepdim)
+
+
+def mean(
+    x: Ragged, dim: Dim = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> Result:
+    """Mean over logical axes; an empty sample has mean NaN (as torch).
+
+    Args:
+        x: a floating point ``Ragged`` value (or pass ``dtype``).
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        keepdim: keep reduced axes with size 1.
+        dtype: cast to this dtype first.
+
+    Returns:
+        A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([2.0])])
+        >>> raggedfn.mean(x, 1)
+        tensor([2., 2.])
+    """
+    x = require_ragged(x, "mean")
+    if dtype is not None:
+        x = x.with_values(x.values.to(dtype))
+    _require_float("mean", x)
+    axes = reduced_axes(x, dim, "mean")
+    if axes is None:
+        return full_result(x, x.values.mean(), keepdim)
+    p = plan(x, axes)
+
+    def dense(values: Tensor, dims: tuple[int, ...]) -> Tensor:
+        return values.mean(dims, keepdim=True)
+
+    return finish(x, p, apply(p, x.values, dense, segment_mean), keepdim)
+
+
+def _extremum(fn: str, x: Ragged, dim: Dim, keepdim: bool, largest: bool) -> Result:
+    x = require_ragged(x, fn)
+    axes = reduced_axes(x, dim, fn)
+    values = x.values
+    if axes is None:
+        if values.numel() == 0:
+            empty = torch.full((), identity(values.dtype, largest), dtype=values.dtype)
+            return full_result(x, empty.to(values.device), keepdim)
+        return full_result(x, values.amax() if largest else values.amin(), keepdim)
+    p = plan(x, axes)
+    prim = segment_max if largest else segment_min
+
+    def dense(v: Tensor, dims: tuple[int, ...]) -> Tensor:
+        return v.amax(dims, keepdim=True) if largest else v.amin(dims, keepdim=True)
+
+    def segment(v: Tensor, segments: Tensor, num: int, _counts: Tensor) -> Tensor:
+        return prim(v, segments, num)[0]
+
+    return finish(x, p, apply(p, values, dense, segment), keepdim)
+
+
+def amax(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
+    """Maximum over logical axes; ties share the gradient evenly (as ``torch.amax``).
+
+    An empty sample gives the identity: -inf, or the dtype's minimum for integers.
+
+    Args:
+        x: a ``Ragged`` value.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        keepdim: keep reduced axes with size 1.
+
+    Returns:
+        A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([])])
+        >>> raggedfn.amax(x, 1)
+        tensor([3., -inf])
+    """
+    return _extremum("amax", x, dim, keepdim, True)
+
+
+def amin(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
+    """Minimum over logical axes; see :func:`amax` (empty samples give +inf).
+
+    Args:
+        x: a ``Ragged`` value.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        keepdim: keep reduced axes with size 1.
+
+    Returns:
+        A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([])])
+        >>> raggedfn.amin(x, 1)
+        tensor([1., inf])
+    """
+    return _extremum("amin", x, dim, keepdim, False)
+
+
+def _arg(fn: str, x: Ragged, dim: int | None, keepdim: bool, largest: bool) -> Result:
+    x = require_ragged(x, fn)
+    if dim is None:
+        raise fail(
+            fn,
+            "dim=None (a flat index into the whole batch) is not supported; pass one logical axis",
+        )
+    axis_index = normalize_axis(x, dim, fn, allow_batch=False)
+    axis = x.layout.axes[axis_index - 1]
+    p = plan(x, (axis_index,))
+    values = x.values
+    if not axis.ragged:
+        d = values_dim(axis)
+        arg = values.argmax(d, keepdim=True) if largest else values.argmin(d, keepdim=True)
+        return finish(x, p, arg, keepdim)
+    assert p.segments is not None
+    prim = segment_max if largest else segment_min
+    with torch.no_grad():
+        rows = prim(values.detach(), p.segments, p.num_segments)[1]
+        _, coords = coordinates(x.offsets, x.sizes, values.shape[0])
+        position = coords[axis.index][rows.clamp(min=0)]
+        arg = torch.where(rows < 0, -1, position)
+    return finish(x, p, arg, keepdim)
+
+
+def argmax(x: Ragged, dim: int | None = None, keepdim: bool = False) -> Result:
+    """Index of the first maximum along one logical axis; -1 for an empty sample.
+
+    Args:
+        x: a ``Ragged`` value.
+        dim: one logical axis (ragged or dense, not the batch axis).
+        keepdim: keep the reduced axis with size 1.
+
+    Returns:
+        int64 positions along ``dim``: a ``Ragged`` if a ragged axis is left,
+        else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0, 3.0]), torch.tensor([])])
+        >>> raggedfn.argmax(x, 1)
+        tensor([ 1, -1])
+    """
+    return _arg("argmax", x, dim, keepdim, True)
+
+
+def argmin(x: Ragged, dim: int | None = None, keepdim: bool = False) -> Result:
+    """Index of the first minimum along one logical axis; see :func:`argmax`.
+
+    Args:
+        x: a ``Ragged`` value.
+        dim: one logical axis (ragged or dense, not the batch axis).
+        keepdim: keep the reduced axis with size 1.
+
+    Returns:
+        int64 positions along ``dim``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 0.0, 0.0]), torch.tensor([])])
+        >>> raggedfn.argmin(x, 1)
+        tensor([ 1, -1])
+    """
+    return _arg("argmin", x, dim, keepdim, False)
+
+
+def logsumexp(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
+    """``log(sum(exp(x)))`` over logical axes, stabilised; -inf for an empty sample.
+
+    Args:
+        x: a floating point ``Ragged`` value.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        keepdim: keep reduced axes with size 1.
+
+    Returns:
+        A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.zeros(2), torch.zeros(0)])
+        >>> raggedfn.logsumexp(x, 1)
+        tensor([0.6931,   -inf])
+    """
+    x = require_ragged(x, "logsumexp")
+    _require_float("logsumexp", x)
+    axes = reduced_axes(x, dim, "logsumexp")
+    if axes is None:
+        return full_result(x, torch.logsumexp(x.values.reshape(-1), 0), keepdim)
+    p = plan(x, axes)
+
+    def dense(v: Tensor, dims: tuple[int, ...]) -> Tensor:
+        return torch.logsumexp(v, dims, keepdim=True)
+
+    def segment(v: Tensor, segments: Tensor, num: int, _counts: Tensor) -> Tensor:
+        return segment_logsumexp(v, segments, num)
+
+    return finish(x, p, apply(p, x.values, dense, segment), keepdim)
+
+
+def prod(
+    x: Ragged, dim: Dim = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> Result:
+    """Product over logical axes; an empty sample gives 1.
+
+    Args:
+        x: a ``Ragged`` value.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        keepdim: keep reduced axes with size 1.
+        dtype: cast to this dtype first (integers and bool multiply as int64).
+
+    Returns:
+        A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([2.0, 3.0]), torch.tensor([])])
+        >>> raggedfn.prod(x, 1)
+        tensor([6., 1.])
+    """
+    x = require_ragged(x, "prod")
+    axes = reduced_axes(x, dim, "prod")
+    values = integer_sum_dtype(x.values, dtype)
+    if axes is None:
+        return full_result(x, values.prod(), keepdim)
+    p = plan(x, axes)
+
+    def dense(v: Tensor, dims: tuple[int, ...]) -> Tensor:
+        for d in dims:
+            v = v.prod(d, keepdim=True)
+        return v
+
+    def segment(v: Tensor, segments: Tensor, num: int, _counts: Tensor) -> Tensor:
+        return segment_prod(v, segments, num)
+
+    return finish(x, p, apply(p, values, dense, segment), keepdim)
+
+
+def _moment(fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool) -> Result:
+    x = require_ragged(x, fn)
+    _require_float(fn, x)
+    axes = reduced_axes(x, dim, fn)
+    values = x.values
+    if axes is None:
+        return full_result(x, values.reshape(-1).var(correction=correction), keepdim)
+    p = plan(x, axes)
+    if p.segments is None:
+        return finish(x, p, values.var(p.dense_dims, correction=correction, keepdim=True), keepdim)
+    return finish(x, p, _segment_var(p, values, correction), keepdim)
+
+
+def _segment_var(p: Plan, values: Tensor, correction: float) -> Tensor:
+    assert p.segments is not None and p.counts is not None
+    per_row = math.prod(values.shape[d] for d in p.dense_dims)
+    total = apply(p, values, _sum_op, _segment_sum)
+    count = (p.counts * per_row).to(total.dtype).reshape(-1, *([1] * (total.ndim - 1)))
+    present = count > 0
+    mean = total / torch.where(present, count, torch.ones_like(count))
+    centered = values - broadcast(mean, p.segments)
+    squares = apply(p, centered * centered.conj(), _sum_op, _segment_sum)
+    dof = count - correction
+    positive = dof > 0
+    quotient = squares / torch.where(positive, dof, torch.ones_like(dof))
+    # torch: x / max(0, dof): NaN for 0 / 0, inf otherwise; a constant for the gradient.
+    undefined = torch.where(squares.detach() > 0, float("inf"), float("nan")).to(quotient.dtype)
+    return torch.where(positive, quotient, undefined).real
+
+
+def var(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = False) -> Result:
+    """Variance over logical axes with ``correction`` (Bessel's by default).
+
+    NaN where ``count - correction`` is 0 or less (an empty sample, a single
+    element with ``correction=1``), as torch, but with a zero gradient there.
+
+    Args:
+        x: a floating point ``Ragged`` value.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        correction: subtracted from the element count in the denominator.
+        keepdim: keep reduced axes with size 1.
+
+    Returns:
+        A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0, 2.0])])
+        >>> raggedfn.var(x, 1)
+        tensor([2., 0.])
+    """
+    return _moment("var", x, dim, correction, keepdim)
+
+
+def std(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = False) -> Result:
+    """Standard deviation over logical axes: ``sqrt(var(...))``; see :func:`var`.
+
+    Args:
+        x: a floating point ``Ragged`` value.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        correction: subtracted from the element count in the denominator.
+        keepdim: keep reduced axes with size 1.
+
+    Returns:
+        A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0])])
+        >>> raggedfn.std(x, 1, correction=0)
+        tensor([1., 0.])
+    """
+    return map_result(_moment("std", x, dim, correction, keepdim), torch.sqrt)
+
+
+def _logical(fn: str, x: Ragged, dim: Dim, keepdim: bool, every: bool) -> Result:
+    x = require_ragged(x, fn)
+    axes = reduced_axes(x, dim, fn)
+    values = x.values.to(torch.bool)
+    if axes is None:
+        return full_result(x, values.all() if every else values.any(), keepdim)
+    p = plan(x, axes)
+    # Count the rows that break the rule (false for all, true for any).
+    counted = (~values if every else values).to(torch.int64)
+    reduced = apply(p, counted, _sum_op, _segment_sum)
+    return finish(x, p, reduced == 0 if every else reduced > 0, keepdim)
+
+
+def all(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
+    """Whether every element is nonzero along logical axes; True for an empty sample.
+
+    Args:
+        x: a ``Ragged`` value.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        keepdim: keep reduced axes with size 1.
+
+    Returns:
+        Bool; a ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1, 0]), torch.tensor([], dtype=torch.int64)])
+        >>> raggedfn.all(x, 1)
+        tensor([False,  True])
+    """
+    return _logical("all", x, dim, keepdim, True)
+
+
+def any(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
+    """Whether some element is nonzero along logical axes; False for an empty sample.
+
+    Args:
+        x: a ``Ragged`` value.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        keepdim: keep reduced axes with size 1.
+
+    Returns:
+        Bool; a ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1, 0]), torch.tensor([], dtype=torch.int64)])
+        >>> raggedfn.any(x, 1)
+        tensor([ True, False])
+    """
+    return _logical("any", x, dim, keepdim, False)
+
+
+def norm(x: Ragged, p: float | str = 2, dim: Dim = None, keepdim: bool = False) -> Result:
+    """Vector p-norm over logical axes (``torch.norm``'s argument order).
+
+    ``p`` may be any float, ``inf``, ``-inf``, 0 (count of nonzeros) or
+    ``"fro"`` (2). An empty sample has norm 0 (+inf for ``p=-inf``); the
+    gradient at a zero vector is 0, as ``torch.linalg.vector_norm``.
+
+    Args:
+        x: a floating point ``Ragged`` value.
+        p: the order of the norm.
+        dim: a logical axis, a tuple of them, or ``None`` for everything.
+        keepdim: keep reduced axes with size 1.
+
+    Returns:
+        A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([3.0, 4.0]), torch.tensor([])])
+        >>> raggedfn.norm(x, 2, 1)
+        tensor([5., 0.])
+    """
+    x = require_ragged(x, "norm")
+    _require_float("norm", x)
+    if p == "fro":
+        p = 2
+    if isinstance(p, str) or isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise fail("norm", f"p must be a number, inf, -inf or 'fro', got {p!r}")
+    magnitude = x.with_values(x.values.abs())
+    if p == math.inf:
+        return _norm_extremum(magnitude, dim, keepdim, largest=True)
+    if p == -math.inf:
+        return _norm_extremum(magnitude, dim, keepdim, largest=False)
+    if p == 0:
+        return sum(x.with_values((x.values != 0).to(magnitude.dtype)), dim, keepdim)
+    powered = sum(magnitude.with_values(magnitude.values.pow(p)), dim, keepdim)
+
+    def root(total: Tensor) -> Tensor:
+        positive = total > 0
+        safe = torch.where(positive, total, torch.ones_like(total))
+        return torch.where(positive, safe.pow(1.0 / p), torch.zeros_like(total))
+
+    return map_result(powered, root)
+
+
+def _norm_extremum(magnitude: Ragged, dim: Dim, keepdim: bool, largest: bool) -> Result:
+    result = _extremum("norm", magnitude, dim, keepdim, largest)
+    if not largest:
+        return result
+    # Absolute values are >= 0, so the max norm of an empty sample is 0, not -inf.
+    return map_result(result, lambda v: v.clamp(min=0))

@@ -1,0 +1,146 @@
+"""How a reduction over logical axes maps onto ``values``: the shared plan.
+
+A reduction over a set of logical axes (batch axis excluded) runs in two steps:
+the dense axes among them are reduced on ``values`` with ``keepdim=True``, then
+the ragged axes among them are reduced by a segment primitive whose segment is
+the output row (the sample, or the sample and the kept ragged coordinates).
+:func:`finish` then drops or keeps the reduced axes and rebuilds the layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .._axes import normalize_axes, values_dim
+from .._errors import describe, fail
+from .._index import reduced_rows
+from .._layout import Axis, Layout
+from .._ragged import Ragged
+
+
+class Plan(NamedTuple):
+    """Where the reduced axes of ``x`` live.
+
+    ``axes``: the reduced logical axes (>= 1, sorted); ``dense_dims``: their
+    ``values`` axes; ``segments``/``num_segments``/``counts``: output row of each
+    packed row, number of output rows and packed rows per output row (``None``
+    when no ragged axis is reduced); ``offsets``/``sizes``: the output partition
+    when ragged axes are left (else ``None``).
+    """
+
+    axes: tuple[int, ...]
+    dense_dims: tuple[int, ...]
+    segments: Tensor | None
+    num_segments: int
+    counts: Tensor | None
+    offsets: Tensor | None
+    sizes: Tensor | None
+
+
+def require_ragged(x: Any, fn: str) -> Ragged:
+    if not isinstance(x, Ragged):
+        raise fail(fn, f"x must be a Ragged value, got {describe(x)}")
+    return x
+
+
+def reduced_axes(x: Ragged, dim: int | Sequence[int] | None, fn: str) -> tuple[int, ...] | None:
+    """Normalized sample axes to reduce, or ``None`` for a full reduction."""
+    if dim is not None and not isinstance(dim, int) and len(tuple(dim)) == 0:
+        dim = None  # torch reduces everything for dim=()
+    axes = normalize_axes(x, dim, fn)
+    if 0 not in axes:
+        return axes
+    if len(axes) == x.ndim:
+        return None
+    raise fail(
+        fn,
+        f"dim={dim!r} includes axis 0, the batch axis, which can only be reduced together "
+        f"with every other axis (dim=None); logical shape (B, {x.layout.describe(tuple(x.values.shape[1:]))[1:]}",
+    )
+
+
+def plan(x: Ragged, axes: tuple[int, ...]) -> Plan:
+    layout = x.layout
+    chosen = [layout.axes[a - 1] for a in axes]
+    dense_dims = tuple(values_dim(a) for a in chosen if not a.ragged)
+    ragged = tuple(sorted(a.index for a in chosen if a.ragged))
+    if not ragged:
+        return Plan(axes, dense_dims, None, 0, None, None, None)
+    segments, num_segments, counts, offsets, sizes = reduced_rows(
+        x.offsets, x.sizes, x.values.shape[0], ragged
+    )
+    return Plan(axes, dense_dims, segments, num_segments, counts, offsets, sizes)
+
+
+def apply(
+    p: Plan,
+    values: Tensor,
+    dense_op: Callable[[Tensor, tuple[int, ...]], Tensor],
+    segment_op: Callable[[Tensor, Tensor, int, Tensor], Tensor],
+) -> Tensor:
+    """Reduce ``values`` along the plan: ``[S, *dense]`` with reduced dense axes of size 1."""
+    if p.dense_dims:
+        values = dense_op(values, p.dense_dims)
+    if p.segments is not None:
+        assert p.counts is not None
+        values = segment_op(values, p.segments, p.num_segments, p.counts)
+    return values
+
+
+def finish(x: Ragged, p: Plan, values: Tensor, keepdim: bool) -> Ragged | Tensor:
+    """Build the result from reduced ``values`` (``[S, *dense]``, reduced dense axes size 1).
+
+    Without ``keepdim`` the reduced axes vanish; with it, reduced dense axes stay
+    (size 1) and each reduced ragged axis becomes a new dense axis of size 1 at
+    its logical position. No ragged axis left: a dense ``[B, *logical]`` tensor.
+    """
+    num_dense = x.layout.num_dense
+    dropped = {a.index for a in (x.layout.axes[q - 1] for q in p.axes) if not a.ragged}
+    axes: list[Axis] = []
+    next_ragged = 0
+    added = 0
+    for position, axis in enumerate(x.layout.axes):
+        reduced = position + 1 in p.axes
+        if axis.ragged and not reduced:
+            axes.append(Axis(True, next_ragged))
+            next_ragged += 1
+        elif axis.ragged and keepdim:
+            axes.append(Axis(False, num_dense + added))
+            added += 1
+        elif not axis.ragged and (keepdim or not reduced):
+            shift = 0 if keepdim else sum(1 for j in dropped if j < axis.index)
+            axes.append(Axis(False, axis.index - shift))
+    if keepdim:
+        values = values.reshape(*values.shape, *([1] * added))
+    elif dropped:
+        values = values.squeeze(tuple(1 + j for j in sorted(dropped)))
+    if next_ragged == 0:
+        return values.permute(0, *(1 + a.index for a in axes))
+    offsets = x.offsets if p.offsets is None else p.offsets
+    sizes = x.sizes if p.sizes is None else p.sizes
+    return Ragged(values, offsets, sizes, Layout(tuple(axes)))
+
+
+def full_result(x: Ragged, value: Tensor, keepdim: bool) -> Tensor:
+    """A full reduction's 0-d ``value``, shaped ``(1,) * ndim`` for ``keepdim``."""
+    return value.reshape((1,) * x.ndim) if keepdim else value
+
+
+def map_result(result: Ragged | Tensor, fn: Callable[[Tensor], Tensor]) -> Ragged | Tensor:
+    """Apply an elementwise ``fn`` to a reduction result (its values if Ragged)."""
+    if isinstance(result, Ragged):
+        return Ragged(fn(result.values), result.offsets, result.sizes, result.layout)
+    return fn(result)
+
+
+def integer_sum_dtype(values: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """Values cast as ``torch.sum`` would: to ``dtype``, or integers/bool to int64."""
+    if dtype is not None:
+        return values.to(dtype)
+    if values.dtype == torch.bool or not (values.is_floating_point() or values.is_complex()):
+        return values.to(torch.int64)
+    return values

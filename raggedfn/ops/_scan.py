@@ -1,0 +1,55 @@
+"""Cumulative sums along any logical axis of a ``Ragged`` value."""
+
+from __future__ import annotations
+
+import torch
+
+from .._axes import sample_axis, values_dim
+from .._index import line_major_rows, line_starts, segment_ids
+from .._prims import segment_cumsum
+from .._ragged import Ragged
+from ._reduce_plan import require_ragged
+
+__all__ = ["cumsum"]
+
+
+def cumsum(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
+    """Inclusive cumulative sum along one logical axis (not the batch axis).
+
+    Along a ragged axis the running sum restarts in every sample (and, with
+    several ragged axes, in every line along ``dim``). Integers and bool sum
+    as int64, like ``torch.cumsum``.
+
+    Args:
+        x: a ``Ragged`` value.
+        dim: the logical axis to accumulate along (ragged or dense).
+        dtype: cast ``values`` to this dtype first.
+
+    Returns:
+        A ``Ragged`` with the partition of ``x``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0, 5.0])])
+        >>> raggedfn.cumsum(x, 1).values
+        tensor([ 1.,  3.,  3.,  7., 12.])
+    """
+    x = require_ragged(x, "cumsum")
+    axis = sample_axis(x, dim, "cumsum")
+    values = x.values if dtype is None else x.values.to(dtype)
+    if not axis.ragged:
+        return x.with_values(torch.cumsum(values, values_dim(axis)))
+    total = values.shape[0]
+    if x.layout.num_ragged == 1:
+        starts = x.offsets.index_select(0, segment_ids(x.offsets, total))
+        return x.with_values(segment_cumsum(values, starts))
+    starts, positions = line_starts(x.offsets, x.sizes, total, axis.index)
+    if axis.index == x.layout.num_ragged - 1:
+        return x.with_values(segment_cumsum(values, starts))
+    # Move the axis innermost so that each line is contiguous, accumulate, move back.
+    destination = line_major_rows(x.offsets, x.sizes, total, axis.index)
+    rows = torch.arange(total, device=values.device)
+    source = torch.zeros_like(rows).index_copy(0, destination, rows)
+    moved_starts = torch.zeros_like(rows).index_copy(0, destination, destination - positions)
+    moved = segment_cumsum(values.index_select(0, source), moved_starts)
+    return x.with_values(moved.index_select(0, destination))

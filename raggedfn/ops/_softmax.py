@@ -1,0 +1,91 @@
+"""Softmax and log-softmax along any logical axis of a ``Ragged`` value.
+
+Along a dense axis this is torch's op on ``values``. Along a ragged axis the
+rows are normalised within their line (the rows of a sample that differ only
+along that axis) by a segment primitive; an empty sample stays empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from .._axes import sample_axis, values_dim
+from .._index import line_starts, segment_ids
+from .._prims import segment_log_softmax, segment_softmax
+from .._ragged import Ragged
+from ._reduce_plan import require_ragged
+
+__all__ = ["log_softmax", "softmax"]
+
+
+def line_segments(x: Ragged, axis: int) -> tuple[Tensor, int]:
+    """``(segments [T], num_segments)`` grouping the rows of each line along ragged ``axis``.
+
+    One ragged axis: the segment is the sample. Several: the line's first
+    packed row, so no host sync is needed (``num_segments = T``).
+    """
+    total = x.values.shape[0]
+    if x.layout.num_ragged == 1:
+        return segment_ids(x.offsets, total), x.batch_size
+    starts, _ = line_starts(x.offsets, x.sizes, total, axis)
+    return starts, total
+
+
+def _normalise(
+    fn: str,
+    x: Ragged,
+    dim: int,
+    dtype: torch.dtype | None,
+    dense: Callable[..., Tensor],
+    prim: Callable[[Tensor, Tensor, int], Tensor],
+) -> Ragged:
+    x = require_ragged(x, fn)
+    axis = sample_axis(x, dim, fn)
+    values = x.values if dtype is None else x.values.to(dtype)
+    if not axis.ragged:
+        return x.with_values(dense(values, values_dim(axis)))
+    segments, num_segments = line_segments(x, axis.index)
+    return x.with_values(prim(values, segments, num_segments))
+
+
+def softmax(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
+    """Softmax along one logical axis (not the batch axis).
+
+    Args:
+        x: a floating point ``Ragged`` value.
+        dim: the logical axis to normalise along (ragged or dense).
+        dtype: cast ``values`` to this dtype first.
+
+    Returns:
+        A ``Ragged`` with the partition of ``x``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.zeros(2), torch.zeros(0), torch.zeros(1)])
+        >>> raggedfn.softmax(x, 1).values
+        tensor([0.5000, 0.5000, 1.0000])
+    """
+    return _normalise("softmax", x, dim, dtype, torch.softmax, segment_softmax)
+
+
+def log_softmax(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
+    """Log-softmax along one logical axis (not the batch axis); see :func:`softmax`.
+
+    Args:
+        x: a floating point ``Ragged`` value.
+        dim: the logical axis to normalise along (ragged or dense).
+        dtype: cast ``values`` to this dtype first.
+
+    Returns:
+        A ``Ragged`` with the partition of ``x``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.zeros(2), torch.zeros(1)])
+        >>> raggedfn.log_softmax(x, 1).values
+        tensor([-0.6931, -0.6931,  0.0000])
+    """
+    return _normalise("log_softmax", x, dim, dtype, torch.log_softmax, segment_log_softmax)
