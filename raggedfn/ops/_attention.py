@@ -1,0 +1,249 @@
+"""Per-sample scaled dot-product attention over ragged sequences.
+
+Implementation (chosen by measurement on CPU, see ``docs/benchmarks-pairs.md``):
+samples are grouped into length buckets (``_bucket.py``), each bucket is padded
+to its own extents and run through one dense
+``torch.nn.functional.scaled_dot_product_attention`` call with a key mask only
+where the bucket needs one. Padding is bounded per bucket, so the work follows
+``sum_i N_i * M_i`` rather than ``B * N_max * M_max``. Gradients come from
+autograd through SDPA and the pad/unpad gathers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._errors import describe, fail
+from .._ragged import Ragged
+from . import _bucket
+
+__all__ = ["attention"]
+
+
+def _check_tokens(fn: str, name: str, x: object, num_ragged: int | None = None) -> Ragged:
+    if not isinstance(x, Ragged):
+        raise fail(fn, f"{name} must be a Ragged value, got {describe(x)}")
+    r = x.num_ragged
+    if num_ragged is None and r not in (1, 2):
+        raise fail(fn, f"{name} must have 1 or 2 ragged axes, got logical shape {x.shape}")
+    if num_ragged is not None and r != num_ragged:
+        raise fail(
+            fn, f"{name} must have {num_ragged} ragged axes like q, got logical shape {x.shape}"
+        )
+    if x.layout.rank != r + 2 or not all(a.ragged for a in x.layout.axes[:r]):
+        raise fail(
+            fn,
+            f"{name} must have logical shape (B, {'I*, ' if r == 2 else ''}N*, H, Dh) with the "
+            f"ragged axes first, got {x.shape}",
+        )
+    return x
+
+
+def _nested_cuda(q: Ragged, k: Ragged, v: Ragged, causal: bool, scale: float | None) -> Ragged:
+    """CUDA only: torch's jagged SDPA (varlen kernels) on views of the packed values."""
+    from .._construct import to_nested
+
+    outs = [to_nested(t).transpose(1, 2) for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*outs, is_causal=causal, scale=scale)
+    return q.with_values(out.transpose(1, 2).values())
+
+
+def attention(
+    q: Ragged,
+    k: Ragged,
+    v: Ragged,
+    *,
+    bias: Ragged | Tensor | None = None,
+    key_padding: Ragged | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> Ragged:
+    """Scaled dot-product attention inside each sample.
+
+    Sample ``i`` gets ``softmax(q_i k_i^T * scale + bias_i + mask_i) v_i`` per head,
+    exactly ``torch.nn.functional.scaled_dot_product_attention`` run on that
+    sample alone (heads moved in front of the sequence axis).
+
+    With two ragged axes, ``q (B, I*, N*, H, Dh)`` and ``k, v (B, I*, M*, H, Dh)``
+    attend independently for each of the ``I_i`` rows, and a pair-state ``bias
+    (B, N*, M*, H)`` is shared by all rows: this is Pairformer triangle
+    attention (``I_i = N_i = M_i``).
+
+    Args:
+        q: ``(B, N*, H, Dh)`` queries (or ``(B, I*, N*, H, Dh)``).
+        k: ``(B, M*, H, Dh)`` keys (or ``(B, I*, M*, H, Dh)``).
+        v: ``(B, M*, H, Dv)`` values, same partition as ``k``.
+        bias: added to the logits. A pair state ``(B, N*, M*, H)`` with sizes
+            ``(N_i, M_i)`` (pair bias), or a dense tensor of shape
+            ``(..., H or 1, 1, 1)`` with at most 3 axes (shared by all samples)
+            or 4 axes ``(B or 1, H or 1, 1, 1)`` (one row per sample).
+        key_padding: boolean, same partition as ``k`` without the head axes,
+            ``(B, M*)`` (or ``(B, I*, M*)``); True marks a key to ignore.
+        causal: mask keys ``j > i`` inside each sample (top-left aligned, as
+            SDPA's ``is_causal``).
+        scale: logit scale, default ``1 / sqrt(Dh)``.
+
+    Returns:
+        ``(B, N*, H, Dv)`` with the partition and layout of ``q``. A query row
+        whose keys are all masked (all padded, causal with ``M_i = 0``, or an
+        empty key sequence) gives zeros, as torch's SDPA does on that sample
+        alone, and a zero gradient.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> q = raggedfn.from_list([torch.randn(3, 2, 8), torch.randn(5, 2, 8)])
+        >>> out = raggedfn.attention(q, q, q, causal=True)
+        >>> out.shape, out.lengths.tolist()
+        ((2, None, 2, 8), [3, 5])
+    """
+    fn = "attention"
+    q = _check_tokens(fn, "q", q)
+    r = q.num_ragged
+    k = _check_tokens(fn, "k", k, r)
+    v = _check_tokens(fn, "v", v, r)
+    if not (q.batch_size == k.batch_size == v.batch_size):
+        raise fail(
+            fn,
+            f"q, k and v must have the same batch size, got {q.batch_size}, {k.batch_size} and "
+            f"{v.batch_size}",
+        )
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    if k_shape[-1] != q_shape[-1] or not (q_shape[-2] == k_shape[-2] == v_shape[-2]):
+        raise fail(
+            fn,
+            f"q (B, N*, H, Dh), k (B, M*, H, Dh) and v (B, M*, H, Dv) disagree: got {q_shape}, "
+            f"{k_shape} and {v_shape}",
+        )
+    if not isinstance(causal, bool):
+        raise fail(fn, f"causal must be a bool, got {describe(causal)}")
+    q_sizes = _bucket.ragged_sizes(q)
+    k_sizes = _bucket.ragged_sizes(k)
+    if k_sizes != _bucket.ragged_sizes(v):
+        raise fail(fn, "k and v must have the same partition (equal sizes per sample)")
+    if r == 2 and q_sizes[0] != k_sizes[0]:
+        raise fail(
+            fn, f"q and k must share the row axis I: got sizes {q_sizes[0]} and {k_sizes[0]}"
+        )
+    sizes = {"n": q_sizes[-1], "m": k_sizes[-1]}
+    q_symbols, k_symbols = ["n"], ["m"]
+    if r == 2:
+        sizes["i"] = q_sizes[0]
+        q_symbols, k_symbols = ["i", "n"], ["i", "m"]
+    heads = q_shape[-2]
+    if isinstance(bias, Ragged):
+        if bias.num_ragged != 2 or bias.shape[1:] != (None, None, heads):
+            raise fail(
+                fn, f"a Ragged bias must be a pair state (B, N*, M*, {heads}), got {bias.shape}"
+            )
+        b_sizes = _bucket.ragged_sizes(bias)
+        if bias.batch_size != q.batch_size or b_sizes != [sizes["n"], sizes["m"]]:
+            raise fail(
+                fn,
+                f"bias sizes {bias.sizes.tolist()} must be (N_i, M_i) = "
+                f"{list(zip(sizes['n'], sizes['m'], strict=True))}",
+            )
+    elif isinstance(bias, Tensor):
+        ok = bias.ndim <= 4 and bias.shape[-2:] == (1, 1) if bias.ndim >= 2 else False
+        if ok and bias.ndim == 4:
+            ok = bias.shape[0] in (1, q.batch_size)
+        if not ok or (bias.ndim >= 3 and bias.shape[-3] not in (1, heads)):
+            raise fail(
+                fn,
+                f"a dense bias must have shape (..., H or 1, 1, 1) (H = {heads}), got "
+                f"{describe(bias)}; per-position biases must be Ragged pair states",
+            )
+    elif bias is not None:
+        raise fail(fn, f"bias must be a Ragged pair state or a tensor, got {describe(bias)}")
+    if key_padding is not None:
+        if not isinstance(key_padding, Ragged) or key_padding.dtype != torch.bool:
+            raise fail(
+                fn, f"key_padding must be a boolean Ragged value, got {describe(key_padding)}"
+            )
+        if key_padding.layout.rank != r or _bucket.ragged_sizes(key_padding) != k_sizes:
+            raise fail(
+                fn,
+                f"key_padding must have the partition of k without heads, got shape "
+                f"{key_padding.shape}",
+            )
+
+    if (
+        q.device.type == "cuda"
+        and r == 1
+        and bias is None
+        and key_padding is None
+        and q.batch_size > 0
+        and all(a.index == p for p, a in enumerate(q.layout.axes))
+    ):
+        try:  # torch's varlen kernels when they take the inputs; else the bucketed path
+            return _nested_cuda(q, k, v, causal, scale)
+        except (RuntimeError, NotImplementedError):
+            pass
+
+    buckets = _bucket.plan(sizes, q.batch_size)
+    qs = _bucket.pad(q, q_symbols, buckets)
+    ks = _bucket.pad(k, k_symbols, buckets)
+    vs = _bucket.pad(v, k_symbols, buckets)
+    biases = _bucket.pad(bias, ["n", "m"], buckets) if isinstance(bias, Ragged) else None
+    if isinstance(bias, Tensor) and bias.ndim == 4 and bias.shape[0] == q.batch_size:
+        dense_biases = _bucket.pad_dense(bias, buckets)
+    else:
+        dense_biases = [bias] * len(buckets)
+    paddings = _bucket.pad(key_padding, k_symbols, buckets) if key_padding is not None else None
+    device = q.device
+    outs = []
+    for g, bucket in enumerate(buckets):
+        count = len(bucket.samples)
+        rows = bucket.extents.get("i", 1)
+        n, m = bucket.extents["n"], bucket.extents["m"]
+        query = qs[g].movedim(-2, -3)  # [G, (I), H, N, Dh]
+        key = ks[g].movedim(-2, -3)
+        value = vs[g].movedim(-2, -3)
+        # keep: [G, I or 1, 1, N or 1, M] boolean, None when nothing is masked
+        keep = None
+        lengths = [sizes["m"][b] for b in bucket.samples]
+        if any(length < m for length in lengths):
+            inside = torch.arange(m, device=device) < torch.tensor(lengths, device=device)[:, None]
+            keep = inside.view(count, 1, 1, 1, m)
+        if paddings is not None:
+            kept = ~paddings[g].view(count, rows, 1, 1, m)
+            keep = kept if keep is None else keep & kept
+        use_is_causal = False
+        if causal:
+            lower = torch.ones(n, m, dtype=torch.bool, device=device).tril()
+            if keep is None and bias is None and n == m:
+                use_is_causal = True
+            else:
+                lower = lower.view(1, 1, 1, n, m)
+                keep = lower if keep is None else keep & lower
+        mask: Tensor | None = None
+        if biases is not None:
+            mask = biases[g].movedim(-1, 1).unsqueeze(1)  # [G, 1, H, N, M]
+        elif isinstance(bias, Tensor):
+            mask = dense_biases[g]
+            mask = mask.view(*mask.shape[:-3], 1, *mask.shape[-3:]) if mask.ndim == 4 else mask
+        if mask is not None and keep is not None:
+            mask = torch.where(keep, mask, float("-inf"))
+        elif keep is not None:
+            mask = keep
+        if r == 1:
+            if mask is not None and mask.ndim == 5:
+                mask = mask.squeeze(1)
+        else:
+            heads_q = query.shape[2]
+            query = query.reshape(count * rows, heads_q, n, -1)
+            key = key.reshape(count * rows, heads_q, m, -1)
+            value = value.reshape(count * rows, heads_q, m, -1)
+            if mask is not None:
+                if mask.ndim < 5:
+                    mask = mask.view(*([1] * (5 - mask.ndim)), *mask.shape)
+                full = (count, rows, *mask.shape[2:])
+                mask = mask.expand(full).reshape(count * rows, *mask.shape[2:])
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, is_causal=use_is_causal, scale=scale
+        )
+        if r == 2:
+            out = out.reshape(count, rows, *out.shape[1:])
+        outs.append(out.movedim(-3, -2))
+    return _bucket.unpad(outs, q.layout, q_symbols, buckets, sizes, q.batch_size)
