@@ -39,7 +39,6 @@ from .._prims import (
 )
 from .._ragged import Ragged
 from ._reduce_plan import (
-    Plan,
     apply,
     finish,
     full_result,
@@ -159,6 +158,19 @@ def _extremum(fn: str, x: Ragged, dim: Dim, keepdim: bool, largest: bool) -> Res
         return full_result(x, values.amax() if largest else values.amin(), keepdim)
     p = plan(x, axes)
     prim = segment_max if largest else segment_min
+    if p.segments is not None and p.dense_dims:
+        # One segment reduction over rows and dense axes together, so that ties
+        # across both share the gradient evenly, as in torch.amax.
+        inner = tuple(range(1, 1 + len(p.dense_dims)))
+        moved = values.movedim(p.dense_dims, inner)
+        per_row = math.prod(moved.shape[d] for d in inner)
+        flat = moved.reshape(moved.shape[0] * per_row, *moved.shape[1 + len(inner) :])
+        segments = torch.repeat_interleave(p.segments, per_row, output_size=flat.shape[0])
+        reduced = prim(flat, segments, p.num_segments)[0]
+        shape = [p.num_segments, *values.shape[1:]]
+        for d in p.dense_dims:
+            shape[d] = 1
+        return finish(x, p, reduced.reshape(shape), keepdim)
 
     def dense(v: Tensor, dims: tuple[int, ...]) -> Tensor:
         return v.amax(dims, keepdim=True) if largest else v.amin(dims, keepdim=True)
@@ -231,8 +243,10 @@ def _arg(fn: str, x: Ragged, dim: int | None, keepdim: bool, largest: bool) -> R
     with torch.no_grad():
         rows = prim(values.detach(), p.segments, p.num_segments)[1]
         _, coords = coordinates(x.offsets, x.sizes, values.shape[0])
-        position = coords[axis.index][rows.clamp(min=0)]
-        arg = torch.where(rows < 0, -1, position)
+        # Row T of the extended coordinate is the -1 of an empty sample.
+        total = values.shape[0]
+        extended = torch.cat([coords[axis.index], coords[axis.index].new_full((1,), -1)])
+        arg = extended[torch.where(rows < 0, total, rows)]
     return finish(x, p, arg, keepdim)
 
 
@@ -354,28 +368,39 @@ def _moment(fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool) -> R
     axes = reduced_axes(x, dim, fn)
     values = x.values
     if axes is None:
-        return full_result(x, values.reshape(-1).var(correction=correction), keepdim)
+        flat = values.reshape(-1, 1)
+        count = torch.full((1, 1), flat.shape[0], dtype=flat.dtype, device=flat.device)
+        total = flat.sum(0, keepdim=True)
+        mean = _safe_divide(total, count)
+        centered = flat - mean
+        squares = (centered * centered.conj()).real.sum(0, keepdim=True)
+        return full_result(x, _variance(squares, count, correction).reshape(()), keepdim)
     p = plan(x, axes)
-    if p.segments is None:
-        return finish(x, p, values.var(p.dense_dims, correction=correction, keepdim=True), keepdim)
-    return finish(x, p, _segment_var(p, values, correction), keepdim)
-
-
-def _segment_var(p: Plan, values: Tensor, correction: float) -> Tensor:
-    assert p.segments is not None and p.counts is not None
     per_row = math.prod(values.shape[d] for d in p.dense_dims)
     total = apply(p, values, _sum_op, _segment_sum)
-    count = (p.counts * per_row).to(total.dtype).reshape(-1, *([1] * (total.ndim - 1)))
-    present = count > 0
-    mean = total / torch.where(present, count, torch.ones_like(count))
-    centered = values - broadcast(mean, p.segments)
-    squares = apply(p, centered * centered.conj(), _sum_op, _segment_sum)
+    if p.counts is None:
+        count = torch.full((1,) * total.ndim, per_row, dtype=total.dtype, device=total.device)
+    else:
+        count = (p.counts * per_row).to(total.dtype).reshape(-1, *([1] * (total.ndim - 1)))
+    mean = _safe_divide(total, count)
+    centered = values - (mean if p.segments is None else broadcast(mean, p.segments))
+    squares = apply(p, (centered * centered.conj()).real, _sum_op, _segment_sum)
+    return finish(x, p, _variance(squares, count, correction), keepdim)
+
+
+def _safe_divide(total: Tensor, count: Tensor) -> Tensor:
+    """``total / count`` where ``count > 0`` (the rest is never read back into rows)."""
+    return total / torch.where(count > 0, count, torch.ones_like(count))
+
+
+def _variance(squares: Tensor, count: Tensor, correction: float) -> Tensor:
+    """``squares / (count - correction)``; NaN (0/0) or inf where that is <= 0, as torch,
+    but as a constant there so that the gradient is 0 instead of NaN."""
     dof = count - correction
     positive = dof > 0
     quotient = squares / torch.where(positive, dof, torch.ones_like(dof))
-    # torch: x / max(0, dof): NaN for 0 / 0, inf otherwise; a constant for the gradient.
     undefined = torch.where(squares.detach() > 0, float("inf"), float("nan")).to(quotient.dtype)
-    return torch.where(positive, quotient, undefined).real
+    return torch.where(positive, quotient, undefined)
 
 
 def var(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = False) -> Result:

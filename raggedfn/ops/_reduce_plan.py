@@ -100,13 +100,15 @@ def finish(x: Ragged, p: Plan, values: Tensor, keepdim: bool) -> Ragged | Tensor
     """
     num_dense = x.layout.num_dense
     dropped = {a.index for a in (x.layout.axes[q - 1] for q in p.axes) if not a.ragged}
+    reduced_ragged = {a.index for a in (x.layout.axes[q - 1] for q in p.axes) if a.ragged}
     axes: list[Axis] = []
     next_ragged = 0
     added = 0
     for position, axis in enumerate(x.layout.axes):
         reduced = position + 1 in p.axes
         if axis.ragged and not reduced:
-            axes.append(Axis(True, next_ragged))
+            # Kept ragged axes keep their storage (k) order.
+            axes.append(Axis(True, axis.index - sum(1 for k in reduced_ragged if k < axis.index)))
             next_ragged += 1
         elif axis.ragged and keepdim:
             axes.append(Axis(False, num_dense + added))
