@@ -1,0 +1,539 @@
+"""Per-sample indexing: narrow, cat, gather, masked_select, sort, topk and pairs.
+
+Every op here moves whole elements: it computes, for each element of the
+result, which packed element of the input it comes from, and gathers. The
+gathers are differentiable (their backward is an ``index_put``), so gradients
+of any order come from autograd. Results whose size depends on the data
+(``narrow``, ``topk``, ``masked_select``, ``pairs``) read the new total size on
+the host once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .._axes import normalize_axis, sample_axis, values_dim
+from .._errors import describe, fail
+from .._index import coordinates, lengths_of, offsets_of, segment_ids
+from .._layout import Axis, Layout
+from .._ragged import Ragged
+
+__all__ = [
+    "argsort",
+    "cat",
+    "gather",
+    "masked_select",
+    "narrow",
+    "pairs",
+    "sort",
+    "take_along_dim",
+    "topk",
+]
+
+
+def _require(fn: str, name: str, x: object) -> Ragged:
+    if not isinstance(x, Ragged):
+        raise fail(fn, f"{name} must be a Ragged value, got {describe(x)}")
+    return x
+
+
+def _rows(x: Ragged, segments: Tensor, coords: Sequence[Tensor]) -> Tensor:
+    """Packed row of ``x`` at ragged coordinates ``coords`` of sample ``segments``."""
+    row = x.offsets[segments]
+    stride = torch.ones_like(segments)
+    for k in reversed(range(x.num_ragged)):
+        row = row + coords[k] * stride
+        stride = stride * x.sizes[segments, k]
+    return row
+
+
+def _resized(x: Ragged, sizes: Tensor) -> tuple[Tensor, Tensor, list[Tensor], int]:
+    """Offsets, segments and coordinates of a value with ``x``'s layout and new ``sizes``."""
+    offsets = offsets_of(sizes.prod(dim=1))
+    total = int(offsets[-1])  # the result's size depends on the data: one host read
+    segments, coords = coordinates(offsets, sizes, total)
+    return offsets, segments, coords, total
+
+
+def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
+    """``torch.narrow`` of each sample, with the length clamped to each sample.
+
+    Along a ragged axis, sample ``i`` keeps elements ``s_i .. s_i + length`` where
+    ``s_i = start`` (or ``N_i + start`` for a negative ``start``, floored at 0); a
+    sample shorter than that keeps what it has (possibly nothing). Along a dense
+    axis it is ``torch.narrow`` on every sample.
+
+    Args:
+        x: ``Ragged`` value.
+        dim: logical axis (batch = 0 is not allowed).
+        start: first element (negative counts from each sample's end).
+        length: at most this many elements per sample (``>= 0``).
+
+    Returns:
+        ``Ragged`` with the layout of ``x``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.arange(4.0), torch.arange(2.0)])
+        >>> raggedfn.narrow(x, 1, 1, 2).values.tolist()
+        [1.0, 2.0, 1.0]
+    """
+    fn = "narrow"
+    x = _require(fn, "x", x)
+    axis = sample_axis(x, dim, fn)
+    for name, value in (("start", start), ("length", length)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise fail(fn, f"{name} must be an int, got {describe(value)}")
+    if length < 0:
+        raise fail(fn, f"length must be >= 0, got {length}")
+    if not axis.ragged:
+        size = x.values.shape[values_dim(axis)]
+        if not -size <= start <= size:
+            raise fail(fn, f"start {start} is out of range for dense axis {dim} of size {size}")
+        begin = start % size if start < 0 else start
+        values = x.values.narrow(values_dim(axis), begin, min(length, size - begin))
+        return Ragged(values, x.offsets, x.sizes, x.layout)
+    k = axis.index
+    extent = x.sizes[:, k]
+    begin = (extent + start).clamp(min=0) if start < 0 else torch.full_like(extent, start)
+    kept = (extent - begin).clamp(min=0, max=length)
+    sizes = x.sizes.clone()
+    sizes[:, k] = kept
+    offsets, segments, coords, _ = _resized(x, sizes)
+    coords = list(coords)
+    coords[k] = coords[k] + begin[segments]
+    return Ragged(x.values[_rows(x, segments, coords)], offsets, sizes, x.layout)
+
+
+def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
+    """Concatenate ``Ragged`` values of one layout.
+
+    ``dim = 0`` joins the batches (sample lists concatenate). Along a ragged axis
+    each sample is concatenated with the same sample of the others (its size
+    there is the sum; every other ragged size must agree per sample). Along a
+    dense axis it is ``torch.cat`` of each sample (partitions must be equal).
+
+    Args:
+        xs: one or more ``Ragged`` values with the same layout.
+        dim: logical axis.
+
+    Returns:
+        ``Ragged`` with the common layout.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> a = raggedfn.from_list([torch.ones(1), torch.ones(2)])
+        >>> raggedfn.cat([a, a], dim=1).lengths.tolist()
+        [2, 4]
+    """
+    fn = "cat"
+    if isinstance(xs, Ragged) or not isinstance(xs, Sequence) or not xs:
+        raise fail(fn, f"xs must be a non-empty list of Ragged values, got {describe(xs)}")
+    xs = [_require(fn, f"xs[{n}]", x) for n, x in enumerate(xs)]
+    first = xs[0]
+    for n, x in enumerate(xs[1:], 1):
+        if x.layout != first.layout:
+            raise fail(fn, f"xs[{n}] has layout {x.layout}, expected {first.layout} like xs[0]")
+    dim = normalize_axis(first, dim, fn)
+    if dim == 0:
+        for n, x in enumerate(xs[1:], 1):
+            if x.values.shape[1:] != first.values.shape[1:]:
+                raise fail(
+                    fn,
+                    f"xs[{n}] has logical shape {x.shape}, expected the dense sizes of {first.shape}",
+                )
+        lengths = torch.cat([lengths_of(x.offsets) for x in xs])
+        values = torch.cat([x.values for x in xs])
+        sizes = torch.cat([x.sizes for x in xs])
+        return Ragged(values, offsets_of(lengths), sizes, first.layout)
+    axis = first.layout.axes[dim - 1]
+    for n, x in enumerate(xs[1:], 1):
+        if x.batch_size != first.batch_size:
+            raise fail(fn, f"xs[{n}] has {x.batch_size} samples, expected {first.batch_size}")
+    if not axis.ragged:
+        for n, x in enumerate(xs[1:], 1):
+            if not torch.equal(x.sizes, first.sizes):
+                raise fail(fn, f"xs[{n}] has another partition than xs[0] (sizes differ)")
+        values = torch.cat([x.values for x in xs], dim=values_dim(axis))
+        return Ragged(values, first.offsets, first.sizes, first.layout)
+    k = axis.index
+    others = [j for j in range(first.num_ragged) if j != k]
+    for n, x in enumerate(xs[1:], 1):
+        if x.values.shape[1:] != first.values.shape[1:]:
+            raise fail(
+                fn, f"xs[{n}] has logical shape {x.shape}, expected dense sizes of {first.shape}"
+            )
+        if others and not torch.equal(x.sizes[:, others], first.sizes[:, others]):
+            raise fail(
+                fn, f"xs[{n}] differs from xs[0] in the sizes of ragged axes other than {dim}"
+            )
+    along = torch.stack([x.sizes[:, k] for x in xs])  # [J, B]
+    ends = torch.cumsum(along, 0)
+    sizes = first.sizes.clone()
+    sizes[:, k] = ends[-1]
+    offsets, segments, coords, _ = _resized(first, sizes)
+    coords = list(coords)
+    source = (coords[k].unsqueeze(0) >= ends[:, segments]).sum(0)  # which operand
+    coords[k] = coords[k] - (ends - along)[source, segments]
+    bases = offsets_of(torch.stack([torch.tensor(x.values.shape[0]) for x in xs]))[:-1]
+    row = torch.stack([x.offsets for x in xs])[source, segments]
+    stride = torch.ones_like(segments)
+    all_sizes = torch.stack([x.sizes for x in xs])  # [J, B, R]
+    for j in reversed(range(first.num_ragged)):
+        row = row + coords[j] * stride
+        stride = stride * all_sizes[source, segments, j]
+    values = torch.cat([x.values for x in xs])
+    return Ragged(values[bases.to(row.device)[source] + row], offsets, sizes, first.layout)
+
+
+def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Ragged:
+    x = _require(fn, "x", x)
+    index = _require(fn, "index", index)
+    axis = sample_axis(x, dim, fn)
+    if index.dtype != torch.int64:
+        raise fail(fn, f"index must be an int64 Ragged value, got dtype {index.dtype}")
+    if index.layout != x.layout or index.batch_size != x.batch_size:
+        raise fail(
+            fn,
+            f"index must have the layout and batch size of x (logical shape {x.shape}), got "
+            f"logical shape {index.shape}",
+        )
+    others = [j for j in range(x.num_ragged) if not (axis.ragged and j == axis.index)]
+    if others and not torch.equal(index.sizes[:, others], x.sizes[:, others]):
+        raise fail(fn, f"index must match x's ragged sizes except along axis {dim}")
+    x_dense = tuple(x.values.shape[1:])
+    i_dense = list(index.values.shape[1:])
+    for j, (si, sx) in enumerate(zip(i_dense, x_dense, strict=True)):
+        if not axis.ragged and j == axis.index:
+            continue
+        if broadcast and si == 1:
+            i_dense[j] = sx
+        elif si != sx if broadcast else si > sx:
+            raise fail(
+                fn,
+                f"index has size {si} along a dense axis where x has {sx} "
+                f"(x {x.shape}, index {index.shape})",
+            )
+    idx = index.values.expand(index.values.shape[0], *i_dense)
+    total = idx.shape[0]
+    segments, coords = coordinates(index.offsets, index.sizes, total)
+    if axis.ragged:
+        limit = x.sizes[segments, axis.index].view(-1, *[1] * len(i_dense))
+    else:
+        limit = torch.full_like(segments, x_dense[axis.index]).view(-1, *[1] * len(i_dense))
+    if idx.numel() and bool(((idx < 0) | (idx >= limit)).any()):
+        raise fail(fn, f"index values must lie in [0, size of axis {dim}) of each sample")
+    view = (-1, *[1] * len(i_dense))
+    positions = []
+    for j, size in enumerate(i_dense):
+        shape = [1] * (1 + len(i_dense))
+        shape[1 + j] = size
+        positions.append(torch.arange(size, device=idx.device).view(shape))
+    if axis.ragged:
+        coords = list(coords)
+        coords = [c.view(view) for c in coords]
+        coords[axis.index] = idx
+        row = x.offsets[segments].view(view)
+        stride = torch.ones_like(segments).view(view)
+        for k in reversed(range(x.num_ragged)):
+            row = row + coords[k] * stride
+            stride = stride * x.sizes[segments, k].view(view)
+    else:
+        row = _rows(x, segments, coords).view(view)
+        positions[axis.index] = idx
+    flat = row
+    for j, size in enumerate(x_dense):
+        flat = flat * size + positions[j]
+    values = x.values.reshape(-1)[flat.reshape(-1)].reshape(total, *i_dense)
+    return Ragged(values, index.offsets, index.sizes, index.layout)
+
+
+def gather(x: Ragged, dim: int, index: Ragged) -> Ragged:
+    """``torch.gather(x_i, dim, index_i)`` for each sample.
+
+    Args:
+        x: ``Ragged`` value.
+        dim: logical axis to gather along (ragged or dense).
+        index: int64 ``Ragged`` with the layout of ``x``; its ragged sizes equal
+            those of ``x`` except along ``dim``, its dense sizes are at most
+            those of ``x``. Values lie in ``[0, size of dim)`` in each sample.
+
+    Returns:
+        ``Ragged`` with the partition of ``index``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([5.0, 6.0, 7.0]), torch.tensor([8.0])])
+        >>> i = raggedfn.from_list([torch.tensor([2, 0]), torch.tensor([0, 0, 0])])
+        >>> raggedfn.gather(x, 1, i).values.tolist()
+        [7.0, 5.0, 8.0, 8.0, 8.0]
+    """
+    return _gather("gather", x, dim, index, broadcast=False)
+
+
+def take_along_dim(x: Ragged, indices: Ragged, dim: int) -> Ragged:
+    """``torch.take_along_dim(x_i, indices_i, dim)`` for each sample.
+
+    Like :func:`gather` (note the argument order), except that a dense axis of
+    size 1 in ``indices`` broadcasts against ``x``; other dense sizes must be equal.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([5.0, 6.0]), torch.tensor([8.0, 9.0])])
+        >>> i = raggedfn.from_list([torch.tensor([1]), torch.tensor([0, 1])])
+        >>> raggedfn.take_along_dim(x, i, 1).values.tolist()
+        [6.0, 8.0, 9.0]
+    """
+    return _gather("take_along_dim", x, dim, indices, broadcast=True)
+
+
+def _ragged_first(layout: Layout) -> bool:
+    return all(a == Axis(True, k) for k, a in enumerate(layout.axes[: layout.num_ragged]))
+
+
+def masked_select(x: Ragged, mask: Ragged) -> Ragged:
+    """Select elements (or rows) of each sample where a boolean ``Ragged`` is True.
+
+    Two forms, both with the ragged axes of ``x`` first in storage order:
+
+    - ``mask`` of the same logical shape as ``x``: like ``torch.masked_select``,
+      sample ``i`` gives the 1-D ``x_i[mask_i]`` in row-major order, so the
+      result is ``(B, K*)``.
+    - ``mask`` covering only the ragged axes (no dense axes): like
+      ``x_i[mask_i]``, whole rows are kept, so ``(B, N*, *dense)`` becomes
+      ``(B, K*, *dense)``.
+
+    Args:
+        x: ``Ragged`` value.
+        mask: boolean ``Ragged`` with the partition of ``x``.
+
+    Returns:
+        ``Ragged`` with one ragged axis, ``K_i`` = number of True in sample ``i``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 2.0]), torch.tensor([3.0])])
+        >>> m = raggedfn.from_list([torch.tensor([False, True]), torch.tensor([True])])
+        >>> y = raggedfn.masked_select(x, m)
+        >>> y.values.tolist(), y.lengths.tolist()
+        ([2.0, 3.0], [1, 1])
+    """
+    fn = "masked_select"
+    x = _require(fn, "x", x)
+    mask = _require(fn, "mask", mask)
+    if mask.dtype != torch.bool:
+        raise fail(fn, f"mask must be a boolean Ragged value, got dtype {mask.dtype}")
+    if mask.batch_size != x.batch_size or not torch.equal(mask.sizes, x.sizes):
+        raise fail(fn, f"mask must have the partition of x, got sizes {mask.sizes.tolist()}")
+    if not _ragged_first(x.layout) or not _ragged_first(mask.layout):
+        raise fail(
+            fn,
+            f"needs the ragged axes first in storage order, got x {x.shape} with layout "
+            f"{x.layout}; permute x (and mask) first",
+        )
+    total = x.values.shape[0]
+    segments = segment_ids(x.offsets, total)
+    if mask.layout.num_dense == 0 and x.layout.num_dense > 0:
+        counts = torch.zeros(x.batch_size, dtype=torch.int64, device=x.device)
+        counts = counts.index_add(0, segments, mask.values.to(torch.int64))
+        values = x.values[mask.values]
+        layout = Layout((Axis(True, 0), *x.layout.axes[x.num_ragged :]))
+        return Ragged(values, offsets_of(counts), counts.unsqueeze(1), layout)
+    if mask.shape != x.shape:
+        raise fail(
+            fn,
+            f"mask must have the logical shape of x {x.shape} or cover only its ragged axes, "
+            f"got {mask.shape}",
+        )
+    order = [a.index for a in x.layout.axes[x.num_ragged :]]
+    width = math.prod(x.values.shape[1:])
+    values = x.values.permute(0, *(1 + j for j in order)).reshape(total, width)
+    bits = mask.values.permute(0, *(1 + j for j in order)).reshape(total, width)
+    counts = torch.zeros(x.batch_size, dtype=torch.int64, device=x.device)
+    counts = counts.index_add(0, segments, bits.sum(1))
+    return Ragged(values[bits], offsets_of(counts), counts.unsqueeze(1), Layout.standard(1, 0))
+
+
+def _sort(fn: str, x: Ragged, dim: int, descending: bool) -> tuple[Ragged, Ragged]:
+    x = _require(fn, "x", x)
+    axis = sample_axis(x, dim, fn)
+    if not axis.ragged:
+        values, indices = torch.sort(
+            x.values, dim=values_dim(axis), descending=descending, stable=True
+        )
+        return x.with_values(values), x.with_values(indices)
+    total = x.values.shape[0]
+    dense = x.values.shape[1:]
+    flat = x.values.reshape(total, math.prod(dense))
+    segments, coords = coordinates(x.offsets, x.sizes, total)
+    stride = torch.ones_like(segments)
+    for k in range(x.num_ragged - 1, axis.index, -1):
+        stride = stride * x.sizes[segments, k]
+    along = coords[axis.index]
+    line = torch.arange(total, device=x.device) - along * stride  # first row of each line
+    _, by_value = torch.sort(flat.detach(), dim=0, descending=descending, stable=True)
+    _, by_line = torch.sort(line[by_value], dim=0, stable=True)
+    source = by_value.gather(0, by_line)  # rows grouped by line, sorted inside each
+    slots = torch.sort(line, stable=True).indices  # packed rows grouped by line, in order
+    inverse = torch.empty_like(slots)
+    inverse[slots] = torch.arange(total, device=x.device)
+    source = source.index_select(0, inverse)
+    values = flat.gather(0, source).reshape(total, *dense)
+    indices = along[source].reshape(total, *dense)
+    return x.with_values(values), x.with_values(indices)
+
+
+def sort(x: Ragged, dim: int = -1, descending: bool = False) -> tuple[Ragged, Ragged]:
+    """``torch.sort(x_i, dim, descending, stable=True)`` for each sample.
+
+    Args:
+        x: ``Ragged`` value (real dtype).
+        dim: logical axis, ragged or dense.
+        descending: sort largest first.
+
+    Returns:
+        ``(values, indices)``, both with the partition and layout of ``x``;
+        indices are positions along ``dim`` inside each sample (ties keep their
+        order; NaN sorts as the largest value, as in torch).
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0]), torch.tensor([0.0])])
+        >>> v, i = raggedfn.sort(x, 1)
+        >>> v.values.tolist(), i.values.tolist()
+        ([1.0, 2.0, 3.0, 0.0], [1, 2, 0, 0])
+    """
+    return _sort("sort", x, dim, descending)
+
+
+def argsort(x: Ragged, dim: int = -1, descending: bool = False) -> Ragged:
+    """The indices of :func:`sort` (stable).
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0])])
+        >>> raggedfn.argsort(x, 1, descending=True).values.tolist()
+        [0, 2, 1]
+    """
+    return _sort("argsort", x, dim, descending)[1]
+
+
+def topk(
+    x: Ragged, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+) -> tuple[Ragged, Ragged]:
+    """The ``k`` largest (or smallest) elements of each sample along ``dim``.
+
+    Along a ragged axis ``k`` is clamped to each sample's size there, so the
+    result stays ragged with ``min(k, N_i)`` elements. The result is always
+    sorted (``sorted=False`` is accepted and gives the same order); ties keep
+    their original order.
+
+    Args:
+        x: ``Ragged`` value (real dtype).
+        k: number of elements (``>= 0``).
+        dim: logical axis, ragged or dense (a dense axis needs ``k <=`` its size).
+        largest: largest first (else smallest first).
+        sorted: accepted for torch compatibility.
+
+    Returns:
+        ``(values, indices)`` like ``torch.topk``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0]), torch.tensor([5.0])])
+        >>> v, i = raggedfn.topk(x, 2, dim=1)
+        >>> v.values.tolist(), v.lengths.tolist()
+        ([3.0, 2.0, 5.0], [2, 1])
+    """
+    fn = "topk"
+    x = _require(fn, "x", x)
+    axis = sample_axis(x, dim, fn)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        raise fail(fn, f"k must be an int >= 0, got {describe(k)}")
+    if not axis.ragged and k > x.values.shape[values_dim(axis)]:
+        raise fail(
+            fn, f"k = {k} exceeds dense axis {dim} of size {x.values.shape[values_dim(axis)]}"
+        )
+    values, indices = _sort(fn, x, dim, descending=largest)
+    return narrow(values, dim, 0, k), narrow(indices, dim, 0, k)
+
+
+def _pair_coordinates(
+    local: Tensor, n: Tensor, diagonal: bool, ordered: bool
+) -> tuple[Tensor, Tensor]:
+    """``(i, j)`` of the ``local``-th pair of a sample of ``n`` elements (R = 1 forms)."""
+    if ordered:  # all i != j, row-major
+        width = (n - 1).clamp(min=1)
+        i = torch.div(local, width, rounding_mode="floor")
+        rest = local - i * width
+        return i, rest + (rest >= i).to(rest.dtype)
+    size = n + 1 if diagonal else n  # i <= j over n  ==  i < j' over n + 1, j = j' - 1
+
+    def start(row: Tensor) -> Tensor:
+        return torch.div(row * (2 * size - row - 1), 2, rounding_mode="floor")
+
+    span = (2 * size - 1).to(torch.float64)
+    root = torch.sqrt((span * span - 8 * local.to(torch.float64)).clamp(min=0))
+    i = torch.floor((span - root) / 2).to(torch.int64).clamp(min=0)
+    i = i - (start(i) > local).to(i.dtype)
+    i = i + (start(i + 1) <= local).to(i.dtype)
+    j = local - start(i) + i + 1
+    return i, j - 1 if diagonal else j
+
+
+def pairs(x: Ragged, *, diagonal: bool = True, ordered: bool = True) -> tuple[Ragged, Ragged]:
+    """All element pairs ``(x_i[a], x_i[b])`` of each sample, as two values.
+
+    Args:
+        x: ``(B, N*, *dense)`` with one ragged axis first.
+        diagonal: include the pairs ``a == b``.
+        ordered: all ordered pairs; else only ``a < b`` (``a <= b`` with the
+            diagonal), like ``itertools.combinations`` (``_with_replacement``).
+
+    Returns:
+        ``(left, right)``: with ``ordered=True, diagonal=True`` two pair states
+        ``(B, N*, N*, *dense)`` with sizes ``(N_i, N_i)`` and ``left[a, b] = x[a]``,
+        ``right[a, b] = x[b]``. The other forms are not rectangles, so they are
+        ``(B, P*, *dense)`` lists of pairs in lexicographic ``(a, b)`` order
+        (``P_i = N_i (N_i - 1)``, ``N_i (N_i - 1) / 2`` or ``N_i (N_i + 1) / 2``).
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.tensor([1.0, 2.0, 3.0])])
+        >>> a, b = raggedfn.pairs(x, diagonal=False, ordered=False)
+        >>> a.values.tolist(), b.values.tolist()
+        ([1.0, 1.0, 2.0], [2.0, 3.0, 3.0])
+    """
+    fn = "pairs"
+    x = _require(fn, "x", x)
+    if x.num_ragged != 1 or not x.layout.axes[0].ragged:
+        raise fail(fn, f"x must have one ragged axis at logical axis 1, got shape {x.shape}")
+    n = x.sizes[:, 0]
+    if ordered and diagonal:
+        sizes = torch.stack([n, n], dim=1)
+        layout = Layout((Axis(True, 0), Axis(True, 1), *x.layout.axes[1:]))
+        offsets = offsets_of(n * n)
+        total = int(offsets[-1])
+        segments, (a, b) = coordinates(offsets, sizes, total)
+    else:
+        if ordered:
+            count = n * (n - 1)
+        elif diagonal:
+            count = torch.div(n * (n + 1), 2, rounding_mode="floor")
+        else:
+            count = torch.div(n * (n - 1), 2, rounding_mode="floor")
+        sizes = count.unsqueeze(1)
+        layout = x.layout
+        offsets = offsets_of(count)
+        total = int(offsets[-1])
+        segments = segment_ids(offsets, total)
+        local = torch.arange(total, device=x.device) - offsets[segments]
+        a, b = _pair_coordinates(local, n[segments], diagonal, ordered)
+    start = x.offsets[segments]
+    left = Ragged(x.values[start + a], offsets, sizes, layout)
+    right = Ragged(x.values[start + b], offsets, sizes, layout)
+    return left, right
