@@ -73,7 +73,11 @@ def _normalized(fn: str, x: Ragged, normalized_shape: int | Sequence[int]) -> tu
             fn,
             f"normalized_shape must be an int or a non-empty tuple, got {describe(normalized_shape)}",
         )
-    return tuple(int(s) for s in normalized_shape)
+    if not all(
+        isinstance(s, (int, torch.SymInt)) and not isinstance(s, bool) for s in normalized_shape
+    ):
+        raise fail(fn, f"normalized_shape must hold ints, got {describe(normalized_shape)}")
+    return tuple(normalized_shape)
 
 
 def _norm_values(fn: str, x: Ragged, shape: tuple[int, ...]) -> tuple[Tensor, Layout]:
