@@ -130,7 +130,7 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
             if op.offsets.shape != first.offsets.shape:
                 raise fail(
                     fn,
-                    f"operands have different partitions: batch sizes {op.batch_size} and {batch}",
+                    f"operands have different partitions: batch sizes {batch} and {op.batch_size}",
                 )
         elif isinstance(op, Tensor):
             if op.ndim > ndim:

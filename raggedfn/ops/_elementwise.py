@@ -275,9 +275,12 @@ def where(condition: Any, x: Any, y: Any) -> Ragged:
     """
     fn = "where"
     if not isinstance(condition, (Ragged, Tensor)) or condition.dtype != torch.bool:
-        raise fail(
-            fn, f"condition must be a bool Ragged value or tensor, got {describe(condition)}"
+        got = (
+            f"a {condition.dtype} Ragged value"
+            if isinstance(condition, Ragged)
+            else describe(condition)
         )
+        raise fail(fn, f"condition must be a bool Ragged value or tensor, got {got}")
     if not any(isinstance(v, Ragged) for v in (condition, x, y)):
         raise fail(fn, "needs at least one Ragged operand; use torch.where for dense tensors")
     (c, a, b), offsets, sizes, layout = align(fn, [condition, x, y])
