@@ -231,10 +231,9 @@ def attention(
             if mask is not None and mask.ndim == 5:
                 mask = mask.squeeze(1)
         else:
-            heads_q = query.shape[2]
-            query = query.reshape(count * rows, heads_q, n, -1)
-            key = key.reshape(count * rows, heads_q, m, -1)
-            value = value.reshape(count * rows, heads_q, m, -1)
+            query = query.flatten(0, 1)
+            key = key.flatten(0, 1)
+            value = value.flatten(0, 1)
             if mask is not None:
                 if mask.ndim < 5:
                     mask = mask.view(*([1] * (5 - mask.ndim)), *mask.shape)
