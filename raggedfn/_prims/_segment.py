@@ -11,7 +11,7 @@ Conventions shared by every primitive in ``raggedfn._prims``:
   ``[0, num_segments)``, in any order (not necessarily sorted or contiguous).
 * ``num_segments`` (``S``) is a Python int (or SymInt), so output shapes are
   static: nothing reads tensor data on the host.
-* Segments without rows are legal: sum 0, mean NaN, product 1.
+* Segments without rows are legal: sum 0, mean NaN (product 1: see ``_prod``).
 """
 
 from __future__ import annotations
@@ -71,17 +71,6 @@ def segment_mean(
     present = counts > 0
     safe = torch.where(present, counts, torch.ones_like(counts)).to(total.dtype)
     return torch.where(present, total / safe, torch.full_like(total, float("nan")))
-
-
-def segment_prod(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
-    """Product of each segment's rows; 1 for a segment without rows.
-
-    ``scatter_reduce("prod")`` has a differentiable backward that handles
-    zeros exactly (no division by the value).
-    """
-    ones = values.new_ones((num_segments, *values.shape[1:]))
-    index = _column(segments, values).expand_as(values)
-    return torch.scatter_reduce(ones, 0, index, values, "prod", include_self=True)
 
 
 def _accumulator(dtype: torch.dtype) -> torch.dtype:

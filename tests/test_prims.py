@@ -1,0 +1,241 @@
+"""Segment primitives: gradcheck/gradgradcheck, torch.func composition, empty segments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch.autograd import gradcheck, gradgradcheck
+from torch.func import grad, jacrev, vjp, vmap
+
+from raggedfn import _prims
+
+# Unsorted segment ids with an empty segment (1) and a trailing empty one (4).
+SEGMENTS = torch.tensor([0, 0, 2, 2, 2, 3, 0])
+NUM = 5
+PRESENT = [0, 2, 3]
+# Contiguous segments for the scan and padding: lengths 2, 0, 3, 2.
+OFFSETS = torch.tensor([0, 2, 2, 5, 7])
+SORTED = torch.repeat_interleave(torch.arange(4), OFFSETS.diff(), output_size=7)
+STARTS = OFFSETS[SORTED]
+POSITIONS = torch.arange(7) - STARTS
+
+
+def _first(pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return pair[0]
+
+
+# name -> f(values [T, D]) -> output; outputs of empty segments that are not
+# finite by policy (mean NaN, max -inf, ...) are left out so finite differences
+# can see every output.
+PRIMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "sum": lambda v: _prims.segment_sum(v, SEGMENTS, NUM),
+    "mean": lambda v: _prims.segment_mean(v, SEGMENTS, NUM)[PRESENT],
+    "prod": lambda v: _prims.segment_prod(v, SEGMENTS, NUM),
+    "max": lambda v: _first(_prims.segment_max(v, SEGMENTS, NUM))[PRESENT],
+    "min": lambda v: _first(_prims.segment_min(v, SEGMENTS, NUM))[PRESENT],
+    "softmax": lambda v: _prims.segment_softmax(v, SEGMENTS, NUM),
+    "log_softmax": lambda v: _prims.segment_log_softmax(v, SEGMENTS, NUM),
+    "logsumexp": lambda v: _prims.segment_logsumexp(v, SEGMENTS, NUM)[PRESENT],
+    "cumsum": lambda v: _prims.segment_cumsum(v, STARTS),
+    "broadcast": lambda v: _prims.broadcast(v[:NUM], SEGMENTS),
+    "pad": lambda v: _prims.pad(v, SORTED, POSITIONS, 4, 3, fill=-1.0),
+    "unpad": lambda v: _prims.unpad(
+        v.reshape(7, 3)[:6].reshape(2, 3, 3), SORTED % 2, POSITIONS % 3
+    ),
+}
+NAMES = sorted(PRIMS)
+
+
+def _values(dtype: torch.dtype = torch.float64, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(7, 3, generator=gen, dtype=torch.float64).to(dtype).requires_grad_(True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradcheck_and_gradgradcheck(name: str) -> None:
+    values = _values()
+    assert gradcheck(PRIMS[name], (values,))
+    assert gradgradcheck(PRIMS[name], (values,))
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_ties_share_the_gradient_like_torch_amax(name: str) -> None:
+    # Integer-valued rows tie; finite differences see the even split at a tie.
+    values = torch.tensor([[1.0], [1.0], [2.0], [2.0], [0.0], [3.0], [-1.0]], dtype=torch.float64)
+    values.requires_grad_(True)
+    assert gradcheck(PRIMS[name], (values,))
+    out = PRIMS[name](values)
+    (got,) = torch.autograd.grad(out.sum(), values)
+    torch_fn = torch.amax if name == "max" else torch.amin
+    want = torch.zeros_like(values)
+    for segment in PRESENT:
+        rows = (SEGMENTS == segment).nonzero().squeeze(1)
+        part = values[rows]
+        (g,) = torch.autograd.grad(torch_fn(part, 0).sum(), part)
+        want[rows] = g
+    torch.testing.assert_close(got, want)
+
+
+def test_extrema_identity_and_first_arg() -> None:
+    values = torch.tensor([[1.0], [1.0], [2.0], [2.0], [0.0], [3.0], [-1.0]])
+    top, arg = _prims.segment_max(values, SEGMENTS, NUM)
+    assert top.squeeze(1).tolist() == [1.0, float("-inf"), 2.0, 3.0, float("-inf")]
+    assert arg.squeeze(1).tolist() == [0, -1, 2, 5, -1]
+    low, arg = _prims.segment_min(values, SEGMENTS, NUM)
+    assert low.squeeze(1).tolist() == [-1.0, float("inf"), 0.0, 3.0, float("inf")]
+    assert arg.squeeze(1).tolist() == [6, -1, 4, 5, -1]
+    ints = values.to(torch.int32)
+    top, _ = _prims.segment_max(ints, SEGMENTS, NUM)
+    assert top.squeeze(1).tolist()[1] == torch.iinfo(torch.int32).min
+    nan = torch.tensor([[1.0], [float("nan")], [2.0]])
+    top, arg = _prims.segment_max(nan, torch.tensor([0, 0, 1]), 2)
+    assert torch.isnan(top[0]).all() and arg.squeeze(1).tolist() == [1, 2]
+
+
+def test_empty_segment_values_follow_the_policy() -> None:
+    values = _values().detach()
+    assert _prims.segment_sum(values, SEGMENTS, NUM)[1].eq(0).all()
+    assert _prims.segment_prod(values, SEGMENTS, NUM)[1].eq(1).all()
+    assert _prims.segment_mean(values, SEGMENTS, NUM)[1].isnan().all()
+    assert _prims.segment_logsumexp(values, SEGMENTS, NUM)[1].eq(float("-inf")).all()
+    assert _prims.segment_counts(SEGMENTS, NUM).tolist() == [3, 0, 3, 1, 0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_finite_with_empty_segments(name: str) -> None:
+    # Full outputs (policy NaN/-inf included) with a zero cotangent there.
+    full: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "mean": lambda v: _prims.segment_mean(v, SEGMENTS, NUM),
+        "max": lambda v: _first(_prims.segment_max(v, SEGMENTS, NUM)),
+        "min": lambda v: _first(_prims.segment_min(v, SEGMENTS, NUM)),
+        "logsumexp": lambda v: _prims.segment_logsumexp(v, SEGMENTS, NUM),
+    }
+    f = full.get(name, PRIMS[name])
+    values = _values()
+    out = f(values)
+    finite = torch.isfinite(out.detach())
+    loss = torch.where(finite, out, torch.zeros_like(out)).pow(2).sum()
+    (first,) = torch.autograd.grad(loss, values, create_graph=True)
+    assert torch.isfinite(first).all()
+    (second,) = torch.autograd.grad(first.sum(), values, allow_unused=True, materialize_grads=True)
+    assert torch.isfinite(second).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_func_grad_vjp_jacrev_match_autograd(name: str) -> None:
+    f = PRIMS[name]
+    values = _values()
+    out = f(values)
+    cotangent = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(1))
+    (want,) = torch.autograd.grad(out, values, cotangent)
+
+    def loss(v: torch.Tensor) -> torch.Tensor:
+        return (f(v) * cotangent).sum()
+
+    torch.testing.assert_close(grad(loss)(values.detach()), want)
+    _, pullback = vjp(f, values.detach())
+    torch.testing.assert_close(pullback(cotangent)[0], want)
+    jacobian = jacrev(f)(values.detach())
+    full = torch.autograd.functional.jacobian(f, values.detach())
+    torch.testing.assert_close(jacobian, full)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_grad_of_grad_matches_double_backward(name: str) -> None:
+    f = PRIMS[name]
+    weight = torch.linspace(-1, 1, 21, dtype=torch.float64).reshape(7, 3)
+
+    def inner(v: torch.Tensor) -> torch.Tensor:
+        return f(v).pow(2).sum()
+
+    def outer(v: torch.Tensor) -> torch.Tensor:
+        return (grad(inner)(v) * weight).sum()
+
+    values = _values()
+    (first,) = torch.autograd.grad(inner(values), values, create_graph=True)
+    (want,) = torch.autograd.grad((first * weight).sum(), values)
+    torch.testing.assert_close(grad(outer)(values.detach()), want)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_vmap_over_leading_axis_and_per_example_grads(name: str) -> None:
+    f = PRIMS[name]
+    gen = torch.Generator().manual_seed(2)
+    batch = torch.randn(4, 7, 3, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(vmap(f)(batch), torch.stack([f(b) for b in batch]))
+
+    def loss(v: torch.Tensor) -> torch.Tensor:
+        return f(v).sin().sum()
+
+    per_example = vmap(grad(loss))(batch)
+    want = torch.stack([grad(loss)(b) for b in batch])
+    torch.testing.assert_close(per_example, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", NAMES)
+def test_inputs_unmodified_and_dtype_kept(name: str, dtype: torch.dtype) -> None:
+    values = _values(dtype).detach()
+    before = values.clone()
+    version = values._version
+    out = PRIMS[name](values)
+    assert values._version == version
+    assert torch.equal(values, before)
+    assert out.dtype == dtype
+
+
+def test_softmax_family_matches_composite_reference() -> None:
+    values = _values()
+    for segment in PRESENT:
+        rows = (SEGMENTS == segment).nonzero().squeeze(1)
+        torch.testing.assert_close(PRIMS["softmax"](values)[rows], torch.softmax(values[rows], 0))
+        torch.testing.assert_close(
+            PRIMS["log_softmax"](values)[rows], torch.log_softmax(values[rows], 0)
+        )
+        torch.testing.assert_close(
+            _prims.segment_logsumexp(values, SEGMENTS, NUM)[segment],
+            torch.logsumexp(values[rows], 0),
+        )
+
+
+def test_cumsum_restarts_per_segment_and_keeps_precision() -> None:
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    assert _prims.segment_cumsum(values, STARTS).tolist() == [1, 3, 3, 7, 12, 6, 13]
+    # A huge prefix before a segment must not swamp it in float32.
+    big = torch.tensor([1e8, 1.0, 1e-3, 2e-3, 3e-3], dtype=torch.float32)
+    starts = torch.tensor([0, 0, 2, 2, 2])
+    out = _prims.segment_cumsum(big, starts)
+    torch.testing.assert_close(out[2:], torch.cumsum(big[2:], 0))
+    ints = torch.tensor([1, 2, 3], dtype=torch.int32)
+    assert _prims.segment_cumsum(ints, torch.tensor([0, 0, 2])).dtype == torch.int64
+
+
+def test_pad_unpad_round_trip() -> None:
+    values = _values().detach()
+    padded = _prims.pad(values, SORTED, POSITIONS, 4, 3, fill=-1.0)
+    assert padded.shape == (4, 3, 3)
+    assert padded[1].eq(-1).all() and padded[0, 2].eq(-1).all()
+    torch.testing.assert_close(_prims.unpad(padded, SORTED, POSITIONS), values)
+
+
+def test_prod_gradients_with_zeros() -> None:
+    # Segment 0: one zero; segment 2: two zeros; segment 3: none.
+    values = torch.tensor(
+        [[0.0, 2.0], [3.0, 0.0], [0.0, 1.5], [0.0, -2.0], [2.0, 0.5], [4.0, 3.0], [-1.5, 0.7]],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
+    assert gradcheck(PRIMS["prod"], (values,))
+    assert gradgradcheck(PRIMS["prod"], (values,))
+    out = PRIMS["prod"](values)
+    (got,) = torch.autograd.grad(out.sum(), values)
+    want = torch.zeros_like(values)
+    for segment in PRESENT:
+        rows = (SEGMENTS == segment).nonzero().squeeze(1)
+        part = values[rows]
+        (g,) = torch.autograd.grad(torch.prod(part, 0).sum(), part)
+        want[rows] = g
+    torch.testing.assert_close(got, want)
+    assert vmap(grad(lambda v: PRIMS["prod"](v).sum()))(values.detach()[None]).isfinite().all()
