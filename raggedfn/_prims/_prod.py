@@ -4,9 +4,9 @@
 (``vmap`` over it fails), so the rule here is written out: the gradient of a
 row is the product of the other rows of its segment, computed as
 ``product / row`` when the segment has no zero, as the product of the
-nonzero rows for its single zero, and 0 otherwise. It is built from
-``segment_prod`` itself, ``segment_sum`` and ``broadcast``, so it is
-differentiable again.
+nonzero rows for its single zero, and 0 otherwise (see :func:`_others`, whose own
+derivatives are exact as well). It is built from ``segment_prod`` itself,
+``segment_sum`` and ``broadcast``, so it is differentiable again.
 """
 
 from __future__ import annotations
@@ -41,18 +41,42 @@ class _SegmentProd(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         values, segments, product = ctx.saved_tensors
-        zero = values == 0
-        zeros = broadcast(segment_sum(zero.to(values.dtype), segments, ctx.num_segments), segments)
-        nonzero = torch.where(zero, torch.ones_like(values), values)
-        others_of_zero = broadcast(segment_prod(nonzero, segments, ctx.num_segments), segments)
-        others = torch.where(
-            zero,
-            torch.where(zeros == 1, others_of_zero, torch.zeros_like(values)),
-            torch.where(
-                zeros == 0, broadcast(product, segments) / nonzero, torch.zeros_like(values)
-            ),
+        return (
+            broadcast(grad, segments) * _others(values, segments, ctx.num_segments, product),
+            None,
+            None,
         )
-        return broadcast(grad, segments) * others, None, None
+
+
+def _others(values: Tensor, segments: Tensor, num_segments: int, product: Tensor) -> Tensor:
+    """``[T, *rest]`` product of the other rows of each row's segment.
+
+    Written so that its own first derivatives are exact too (second derivatives
+    of the product), with zeros: ``zero_sum`` is 0 in value but carries the
+    derivative with respect to the zero rows.
+    """
+    zero = values == 0
+    ones = torch.ones_like(values)
+    nothing = torch.zeros_like(values)
+    count = broadcast(segment_sum(zero.to(values.dtype), segments, num_segments), segments)
+    nonzero = torch.where(zero, ones, values)
+    nonzero_product = broadcast(segment_prod(nonzero, segments, num_segments), segments)
+    zero_sum = broadcast(
+        segment_sum(torch.where(zero, values, nothing), segments, num_segments), segments
+    )
+    # A nonzero row: P / v without zeros; (zero row) * (nonzero product) / v with one.
+    for_nonzero = torch.where(
+        count == 0,
+        broadcast(product, segments) / nonzero,
+        torch.where(count == 1, zero_sum * nonzero_product / nonzero, nothing),
+    )
+    # A zero row: the nonzero product alone; times the other zero row with two.
+    for_zero = torch.where(
+        count == 1,
+        nonzero_product,
+        torch.where(count == 2, (zero_sum - values) * nonzero_product, nothing),
+    )
+    return torch.where(zero, for_zero, for_nonzero)
 
 
 def segment_prod(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
