@@ -16,6 +16,7 @@ from ._construct import (
 )
 from ._errors import RaggedError
 from ._layout import Axis, Layout
+from ._map import MapReport, map, map_report
 from ._ragged import Ragged
 from .ops import *  # noqa: F403
 from .ops import __all__ as _ops_all
@@ -25,6 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Axis",
     "Layout",
+    "MapReport",
     "Ragged",
     "RaggedError",
     "check",
@@ -35,6 +37,8 @@ __all__ = [
     "from_offsets",
     "from_padded",
     "from_sizes",
+    "map",
+    "map_report",
     "mask",
     "to_nested",
     "to_padded",

@@ -1,0 +1,191 @@
+"""``raggedfn.map`` and ``raggedfn.map_report``: the public entry points."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .._errors import describe, fail
+from .._ragged import Ragged
+from ._fallback import function_loop
+from ._interpret import Recorder, check_guards, make_ctx, run
+from ._report import MapReport
+from ._trace import Plan, is_ragged_leaf, leaf_kinds, signature, trace
+
+logger = logging.getLogger("raggedfn.map")
+
+# (function, in_dims, signature) -> Plan, or the reason tracing failed (str)
+_CACHE: dict[Any, Plan | str] = {}
+
+
+def _normalize_in_dims(fn: str, in_dims: Any, count: int) -> tuple[Any, ...]:
+    if isinstance(in_dims, int) or in_dims is None:
+        dims = (in_dims,) * count
+    elif isinstance(in_dims, (tuple, list)):
+        dims = tuple(in_dims)
+    else:
+        raise fail(fn, f"in_dims must be an int, None or a tuple, got {describe(in_dims)}")
+    if len(dims) != count:
+        raise fail(fn, f"in_dims has {len(dims)} entries but {count} arguments were given")
+    for d in dims:
+        if d not in (0, None):
+            raise fail(fn, f"in_dims entries must be 0 or None, got {d!r}")
+    return dims
+
+
+def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ...]:
+    dims = _normalize_in_dims(fn_name, in_dims, len(args))
+    leaves, treespec = pytree.tree_flatten(args, is_leaf=is_ragged_leaf)
+    mapped: list[bool] = []
+    for a, d in zip(args, dims, strict=True):
+        count = len(pytree.tree_leaves(a, is_leaf=is_ragged_leaf))
+        mapped.extend([d == 0] * count)
+    kinds = leaf_kinds(leaves, mapped)
+    batch_sizes = set()
+    for leaf, kind in zip(leaves, kinds, strict=True):
+        if kind == "ragged":
+            batch_sizes.add(int(leaf.batch_size))
+        elif kind == "dense":
+            if leaf.ndim == 0:
+                raise fail(
+                    fn_name,
+                    "a mapped tensor (in_dims=0) needs a leading batch axis, got a 0-d tensor",
+                )
+            batch_sizes.add(int(leaf.shape[0]))
+    for leaf, m in zip(leaves, mapped, strict=True):
+        if m and not isinstance(leaf, (Ragged, torch.Tensor)):
+            raise fail(
+                fn_name,
+                f"a mapped argument (in_dims=0) must be a Ragged or a tensor, got {describe(leaf)}",
+            )
+    if not batch_sizes:
+        raise fail(fn_name, "no argument is mapped: give at least one Ragged or in_dims=0 tensor")
+    if len(batch_sizes) != 1:
+        raise fail(fn_name, f"mapped arguments disagree on the batch size: {sorted(batch_sizes)}")
+    return dims, leaves, treespec, kinds, batch_sizes.pop()
+
+
+def _plan_for(
+    f: Callable[..., Any],
+    args: tuple[Any, ...],
+    dims: Any,
+    leaves: list[Any],
+    treespec: Any,
+    kinds: list[str],
+) -> Plan | str:
+    key = (f, dims, str(treespec), signature(leaves, kinds))
+    found = _CACHE.get(key)
+    if found is None:
+        try:
+            found = trace(f, args, dims, leaves, kinds, treespec)
+        except Exception as error:  # data-dependent control flow, unsupported graph, ...
+            found = f"tracing failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            logger.info("raggedfn.map: %s; running f per sample", found)
+        _CACHE[key] = found
+    return found
+
+
+def _map(
+    f: Callable[..., Any],
+    args: tuple[Any, ...],
+    in_dims: Any,
+    strict: bool,
+    report: MapReport | None,
+) -> Any:
+    dims, leaves, treespec, kinds, batch_size = _prepare("map", args, in_dims)
+    plan = _plan_for(f, args, dims, leaves, treespec, kinds)
+    if isinstance(plan, str):
+        if strict:
+            raise fail(
+                "map", f"f could not be traced ({plan}); strict=True refuses the per-sample loop"
+            )
+        if report is not None:
+            report.whole_loop = plan
+        return function_loop(f, args, dims, batch_size)
+    device = next(
+        leaf.values.device if isinstance(leaf, Ragged) else leaf.device
+        for leaf, k in zip(leaves, kinds, strict=True)
+        if k in ("ragged", "dense")
+    )
+    ctx, inputs = make_ctx(plan, leaves, batch_size, device)
+    if report is not None:
+        report.trace_seconds = plan.trace_seconds
+        report.guards = [text for text, _ in plan.guards]
+    if plan.guards and not torch.compiler.is_compiling():
+        failed = check_guards(plan, ctx)
+        if failed:
+            reason = "; ".join(f"guard {g} fails for {n} sample(s)" for g, n in failed)
+            if strict:
+                raise fail(
+                    "map",
+                    f"the trace of f holds only under {reason}; strict=True refuses the per-sample loop",
+                )
+            if report is not None:
+                report.whole_loop = reason
+            logger.info("raggedfn.map: %s; running f per sample", reason)
+            return function_loop(f, args, dims, batch_size)
+    recorder = Recorder() if report is not None else None
+    out = run(plan, ctx, inputs, strict, recorder)
+    if report is not None and recorder is not None:
+        report.batched = dict(recorder.batched)
+        report.fallback = dict(recorder.fallback)
+        report.unbatched = dict(recorder.unbatched)
+    return out
+
+
+def map(f: Callable[..., Any], *args: Any, in_dims: Any = 0, strict: bool = False) -> Any:
+    """Run the per-sample function ``f`` over a batch, as one batched computation.
+
+    Equals ``[f(*(a[i] if d == 0 else a for a, d in zip(args, in_dims))) for i in range(B)]``
+    restacked: per-sample outputs whose shape depends on a ragged size become
+    ``Ragged``, fixed-shape outputs a dense ``[B, ...]`` tensor, leaf by leaf.
+    ``f`` is traced once per input signature (structure, layouts, dtypes,
+    dense shapes) and each traced op runs through a batching rule; an op
+    without one runs as a per-sample loop for that node (see ``map_report``).
+
+    Args:
+        f: a function of per-sample tensors (ordinary torch code).
+        *args: ``Ragged`` values and ``[B, ...]`` tensors (mapped) and shared
+            values such as parameters (with ``in_dims`` None).
+        in_dims: 0 (mapped) or None (shared), one for all or one per argument.
+        strict: raise ``RaggedError`` instead of running any per-sample loop.
+
+    Returns:
+        The outputs of ``f`` for all samples, with ``f``'s pytree structure.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
+        >>> w = torch.ones(3, 5)
+        >>> y = raggedfn.map(lambda t, w: (t @ w).softmax(0).sum(0), x, w, in_dims=(0, None))
+        >>> y.shape
+        torch.Size([2, 5])
+    """
+    return _map(f, args, in_dims, strict, None)
+
+
+def map_report(f: Callable[..., Any], *args: Any, in_dims: Any = 0) -> MapReport:
+    """Run ``map(f, *args, in_dims=in_dims)`` and report how each op ran.
+
+    Args:
+        f, *args, in_dims: as for :func:`map`.
+
+    Returns:
+        A :class:`MapReport`: ops that ran batched, ops that ran per sample
+        (with the reason), guards of the trace, whether the whole function fell
+        back to the per-sample loop, and the trace time. ``str(report)`` reads well.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
+        >>> report = raggedfn.map_report(lambda t: t.relu().sum(0), x)
+        >>> report.fully_batched
+        True
+    """
+    report = MapReport()
+    report.output = _map(f, args, in_dims, False, report)
+    return report

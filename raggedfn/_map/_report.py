@@ -1,0 +1,53 @@
+"""The object ``map_report`` returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class MapReport:
+    """How ``raggedfn.map`` ran a function on one batch.
+
+    Attributes:
+        batched: op name -> number of graph nodes that ran through a batching rule.
+        fallback: op name -> why it ran as a per-sample loop instead.
+        unbatched: op name -> nodes that did not depend on the samples (run once).
+        guards: conditions on ragged sizes the trace relies on (checked per batch).
+        whole_loop: why the whole function ran per sample, or None.
+        trace_seconds: time spent tracing this signature (when it was traced).
+        output: the result of the call.
+    """
+
+    batched: dict[str, int] = dataclasses.field(default_factory=dict)
+    fallback: dict[str, str] = dataclasses.field(default_factory=dict)
+    unbatched: dict[str, int] = dataclasses.field(default_factory=dict)
+    guards: list[str] = dataclasses.field(default_factory=list)
+    whole_loop: str | None = None
+    trace_seconds: float = 0.0
+    output: Any = None
+
+    @property
+    def fully_batched(self) -> bool:
+        """True when no per-sample loop ran."""
+        return self.whole_loop is None and not self.fallback
+
+    def __str__(self) -> str:
+        lines = ["raggedfn.map report"]
+        if self.whole_loop is not None:
+            lines.append(f"  whole function ran per sample: {self.whole_loop}")
+        lines.append(f"  trace time: {self.trace_seconds:.3f} s")
+        if self.guards:
+            lines.append("  guards on sizes: " + ", ".join(self.guards))
+        if self.batched:
+            lines.append("  batched:")
+            lines.extend(f"    {name} x{n}" for name, n in sorted(self.batched.items()))
+        if self.fallback:
+            lines.append("  per-sample loop (no batching rule):")
+            lines.extend(f"    {name}: {why}" for name, why in sorted(self.fallback.items()))
+        if self.unbatched:
+            lines.append("  shared (ran once): " + ", ".join(sorted(self.unbatched)))
+        return "\n".join(lines)
+
+    __repr__ = __str__

@@ -1,0 +1,212 @@
+"""Batching rules for linear algebra and layers: linear, matmul, norms, attention, embedding."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._layout import Axis
+from ._registry import rule
+from ._rules_reduce import segment
+from ._sizes import Sz, Unsupported
+from ._values import (
+    Ctx,
+    DenseB,
+    RaggedB,
+    canonical_layout,
+    canonicalize,
+    dense_shape,
+    is_batched,
+    struct_rows,
+    sz_in_storage_order,
+)
+
+aten = torch.ops.aten
+
+
+def _trailing_dense(x: RaggedB, count: int) -> bool:
+    return all(not a.ragged for a in x.layout.axes[x.layout.rank - count :])
+
+
+@rule(aten.linear)
+def linear_rule(ctx: Ctx, step: Any, x: Any, weight: Any, bias: Any = None) -> Any:
+    if is_batched(weight) or is_batched(bias):
+        raise Unsupported("a per-sample weight")
+    if not isinstance(x, RaggedB):
+        raise Unsupported("linear of a per-sample size")
+    x = canonicalize(ctx, x)
+    if not _trailing_dense(x, 1):
+        raise Unsupported("linear over a ragged axis")
+    values = F.linear(x.values, weight, bias)
+    return RaggedB(values, x.layout, x.sz, x.struct)
+
+
+@rule(aten.layer_norm, aten.rms_norm)
+def norm_rule(ctx: Ctx, step: Any, x: Any, shape: Any, *rest: Any, **kwargs: Any) -> Any:
+    if any(is_batched(v) for v in (*rest, *kwargs.values())):
+        raise Unsupported("a per-sample weight")
+    if not isinstance(x, RaggedB):
+        raise Unsupported("a norm of a per-sample size")
+    x = canonicalize(ctx, x)
+    if not _trailing_dense(x, len(shape)):
+        raise Unsupported("a norm over a ragged axis")
+    values = step.target(x.values, shape, *rest, **kwargs)
+    return RaggedB(values, x.layout, x.sz, x.struct)
+
+
+@rule(aten.embedding)
+def embedding_rule(ctx: Ctx, step: Any, weight: Any, indices: Any, *rest: Any) -> Any:
+    if is_batched(weight) or not isinstance(indices, RaggedB):
+        raise Unsupported("a per-sample embedding table")
+    values = step.target(weight, indices.values, *rest)
+    layout = type(indices.layout)((*indices.layout.axes, Axis(False, indices.layout.num_dense)))
+    return RaggedB(values, layout, indices.sz, indices.struct)
+
+
+# ----- matmul ---------------------------------------------------------------------------
+
+
+def _logical(x: Any) -> tuple[Any, ...]:
+    if isinstance(x, RaggedB):
+        return x.shape()
+    if isinstance(x, DenseB):
+        return tuple(x.data.shape[1:])
+    return tuple(x.shape)
+
+
+@rule(aten.matmul, aten.mm, aten.bmm)
+def matmul_rule(ctx: Ctx, step: Any, a: Any, b: Any) -> Any:
+    shape_a, shape_b = _logical(a), _logical(b)
+    if len(shape_a) < 2 or len(shape_b) < 2:
+        raise Unsupported("matmul with a 1-D operand")
+    if isinstance(a, RaggedB) and isinstance(b, Tensor) and b.ndim == 2:
+        x = canonicalize(ctx, a)
+        if not _trailing_dense(x, 1):
+            raise Unsupported("contraction over a ragged axis with a fixed matrix")
+        values = x.values @ b
+        return RaggedB(values, x.layout, x.sz, x.struct)
+    return _pair_matmul(ctx, step, a, b, shape_a, shape_b)
+
+
+def _pair_matmul(
+    ctx: Ctx, step: Any, a: Any, b: Any, shape_a: tuple[Any, ...], shape_b: tuple[Any, ...]
+) -> Any:
+    """General product: enumerate the ragged coordinates of (m, k, n) as packed rows."""
+    lead_a, lead_b = shape_a[:-2], shape_b[:-2]
+    if any(isinstance(s, Sz) for s in (*lead_a, *lead_b)):
+        raise Unsupported("matmul with ragged batch axes")
+    m, k, n = shape_a[-2], shape_a[-1], shape_b[-1]
+    labels = {"m": m, "k": k, "n": n}
+    ragged = [name for name in ("m", "k", "n") if isinstance(labels[name], Sz)]
+    if not ragged:
+        raise Unsupported("matmul without ragged axes")
+    space = ctx.struct(tuple(labels[name] for name in ragged))
+    segments = space.segments()
+    coords = dict(zip(ragged, space.coords(), strict=True))
+    lead = torch.broadcast_shapes(torch.Size(lead_a), torch.Size(lead_b))
+
+    def gather(x: Any, rows_label: str, cols_label: str, shape: tuple[Any, ...]) -> Tensor:
+        # -> [T, *lead, rows or 1, cols or 1]
+        if isinstance(x, RaggedB):
+            x = canonicalize(ctx, x)
+            picks = [
+                coords[rows_label] if isinstance(shape[-2], Sz) else None,
+                coords[cols_label] if isinstance(shape[-1], Sz) else None,
+            ]
+            rows = struct_rows(x.struct, segments, [c for c in picks if c is not None])
+            t = x.values[rows]
+            full = [t.shape[0], *shape[:-2]]
+            full += [1 if isinstance(s, Sz) else s for s in shape[-2:]]
+            t = t.reshape(full)
+        elif isinstance(x, DenseB):
+            t = x.data[segments]
+        else:
+            t = x.unsqueeze(0)
+        return t.reshape(t.shape[0], *([1] * (len(lead) - (t.ndim - 3))), *t.shape[1:])
+
+    ga = gather(a, "m", "k", shape_a).unsqueeze(-1)  # [T, *lead, m, k, 1]
+    gb = gather(b, "k", "n", shape_b).unsqueeze(-3)  # [T, *lead, 1, k, n]
+    product = (ga * gb).sum(-2)  # [T, *lead, m, n]
+    out_shape = step.out.shape
+    keep = [name for name in ("m", "n") if isinstance(labels[name], Sz)]
+    if "k" in ragged:
+        if keep:
+            target = ctx.struct(tuple(labels[name] for name in keep))
+            index = struct_rows(target, segments, [coords[name] for name in keep])
+            count = target.total
+        else:
+            index, count = segments, ctx.batch_size
+        product = segment(product, index, count, "sum")
+    positions = tuple(p for p, s in enumerate(out_shape) if isinstance(s, Sz))
+    if not positions:
+        return DenseB(product.reshape(ctx.batch_size, *out_shape))
+    layout = canonical_layout(len(out_shape), positions)
+    sz = sz_in_storage_order(out_shape, layout)
+    struct = ctx.struct(sz)
+    values = product.reshape(product.shape[0], *dense_shape(out_shape, layout))
+    return RaggedB(values, layout, sz, struct)
+
+
+# ----- attention ------------------------------------------------------------------------
+
+
+@rule(aten.scaled_dot_product_attention)
+def sdpa_rule(
+    ctx: Ctx,
+    step: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Any = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """Attention over ragged query/key axes, on the packed (query, key) pairs of each sample."""
+    if dropout_p:
+        raise Unsupported("attention dropout")
+    if enable_gqa:
+        raise Unsupported("grouped-query attention")
+    if attn_mask is not None and is_batched(attn_mask):
+        raise Unsupported("a per-sample attention mask")
+    shape_q, shape_k, shape_v = _logical(q), _logical(k), _logical(v)
+    lq, lk = shape_q[-2], shape_k[-2]
+    if (
+        not isinstance(lq, Sz)
+        or not isinstance(lk, Sz)
+        or (
+            shape_v[-2] is not lk and (not isinstance(shape_v[-2], Sz) or shape_v[-2].key != lk.key)
+        )
+    ):
+        raise Unsupported("attention whose sequence axes are not ragged")
+    if any(isinstance(s, Sz) for s in (*shape_q[:-2], *shape_k[:-2], shape_q[-1], shape_v[-1])):
+        raise Unsupported("attention with ragged batch or feature axes")
+    if not all(isinstance(t, RaggedB) for t in (q, k, v)):
+        raise Unsupported("attention with fixed-size operands")
+    q, k, v = (canonicalize(ctx, t) for t in (q, k, v))
+    pairs = ctx.struct((lq, lk))
+    segments = pairs.segments()
+    i, j = pairs.coords()
+    rows_q = struct_rows(q.struct, segments, [i])
+    rows_k = struct_rows(k.struct, segments, [j])
+    # values: [T, *lead, E]; scores: [P, *lead]
+    scores = (q.values[rows_q] * k.values[rows_k]).sum(-1)
+    scale = 1.0 / math.sqrt(q.values.shape[-1]) if scale is None else scale
+    scores = scores * scale
+    if is_causal:
+        scores = scores.masked_fill((j > i).reshape(-1, *([1] * (scores.ndim - 1))), float("-inf"))
+    if attn_mask is not None:
+        raise Unsupported("an explicit attention mask")
+    query_rows = struct_rows(q.struct, segments, [i])
+    peak = segment(scores.detach(), query_rows, q.struct.total, "amax")
+    peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
+    weights = (scores - peak[query_rows]).exp()
+    total = segment(weights, query_rows, q.struct.total, "sum")
+    weights = weights / total[query_rows]
+    out = segment(weights.unsqueeze(-1) * v.values[rows_k], query_rows, q.struct.total, "sum")
+    return RaggedB(out.to(step.out.dtype), q.layout, q.sz, q.struct)

@@ -1,0 +1,112 @@
+"""Batching rules for elementwise ops: pointwise math, where, casts, copies, dropout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._registry import rule
+from ._sizes import Unsupported
+from ._values import (
+    Ctx,
+    DenseB,
+    RaggedB,
+    SymB,
+    align,
+    canonical_layout,
+    is_batched,
+    out_layout_for,
+    sz_in_storage_order,
+)
+
+aten = torch.ops.aten
+
+
+def _cast(values: Tensor, dtype: torch.dtype) -> Tensor:
+    return values if values.dtype == dtype else values.to(dtype)
+
+
+@rule("pointwise", aten.masked_fill, aten.where)
+def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
+    """Broadcast every operand to the result's packed layout, then run the op once."""
+    spec = step.out
+    shape = spec.shape
+    operands = [*args, *kwargs.values()]
+    if spec.ragged:
+        layout = out_layout_for(shape, operands)
+        sz = sz_in_storage_order(shape, layout)
+        struct = ctx.struct(sz)
+    else:
+        layout = canonical_layout(len(shape), ())
+        struct = None
+
+    def prepare(x: Any) -> Any:
+        if isinstance(x, SymB):
+            x = DenseB(ctx.eval(x.sz))
+            if spec.dtype.is_floating_point:
+                x = DenseB(x.data.to(spec.dtype))
+        if isinstance(x, (list, tuple)) and any(is_batched(v) for v in x):
+            raise Unsupported("a list of batched operands")
+        return align(ctx, x, shape, layout, struct)
+
+    values = step.target(*(prepare(a) for a in args), **{k: prepare(v) for k, v in kwargs.items()})
+    values = _cast(values, spec.dtype)
+    if struct is None:
+        if values.ndim != len(shape) + 1:
+            values = values.expand(ctx.batch_size, *shape)
+        return DenseB(values)
+    dense = [0] * layout.num_dense
+    for p, a in enumerate(layout.axes):
+        if not a.ragged:
+            dense[a.index] = shape[p]
+    if values.ndim != 1 + len(dense) or values.shape[0] != struct.total:
+        values = values.expand(struct.total, *dense)
+    return RaggedB(values, layout, sz, struct)
+
+
+@rule(
+    aten.clone,
+    aten.contiguous,
+    aten.detach,
+    aten.alias,
+    aten.lift_fresh_copy,
+    aten._to_copy,
+    aten.to,
+    aten.zeros_like,
+    aten.ones_like,
+    aten.full_like,
+    aten.empty_like,
+    aten.rand_like,
+    aten.randn_like,
+    aten.dropout,
+    aten.feature_dropout,
+    aten.alpha_dropout,
+    aten.type_as,
+    aten.positive,
+)
+def values_map(ctx: Ctx, step: Any, x: Any, *rest: Any, **kwargs: Any) -> Any:
+    """Ops that act on each element of ``x`` alone: apply them to the packed values."""
+    if any(is_batched(v) for v in (*rest, *kwargs.values())):
+        if step.target.overloadpacket is aten.type_as:
+            return pointwise_cast(ctx, step, x)
+        raise Unsupported("a batched second operand")
+    if step.target.overloadpacket in (aten.feature_dropout, aten.alpha_dropout):
+        raise Unsupported("feature/alpha dropout mixes elements across axes")
+    if isinstance(x, SymB):
+        raise Unsupported("a per-sample size as a tensor")
+    if isinstance(x, DenseB):
+        return DenseB(_cast(step.target(x.data, *rest, **kwargs), step.out.dtype))
+    if not isinstance(x, RaggedB):
+        raise Unsupported("an unbatched operand")
+    values = step.target(x.values, *rest, **kwargs)
+    return RaggedB(_cast(values, step.out.dtype), x.layout, x.sz, x.struct)
+
+
+def pointwise_cast(ctx: Ctx, step: Any, x: Any) -> Any:
+    if isinstance(x, RaggedB):
+        return RaggedB(_cast(x.values, step.out.dtype), x.layout, x.sz, x.struct)
+    if isinstance(x, DenseB):
+        return DenseB(_cast(x.data, step.out.dtype))
+    raise Unsupported("type_as of an unbatched tensor")

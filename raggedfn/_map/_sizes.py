@@ -1,0 +1,181 @@
+"""Per-sample sizes: symbolic size expressions compiled to tensor evaluators.
+
+A traced size such as ``s0 + s1`` becomes a :class:`Sz`: a canonical text key
+(equal keys mean equal sizes for every sample) and a closure that evaluates
+the expression on ``[B]`` size tensors. All sympy work happens here, when a
+trace is planned; running a plan only calls the closures, which are plain
+torch code (``torch.compile`` traces them without seeing sympy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+import torch
+import torch.utils._sympy.functions as symfn
+from torch import Tensor
+
+Env = dict[str, Tensor]
+Evaluator = Callable[[Env], Any]
+
+
+class Unsupported(Exception):
+    """A batching rule or a size expression cannot handle this case (not a user error)."""
+
+
+class Sz:
+    """One per-sample size: ``key`` identifies it, ``fn(env)`` evaluates it to ``[B]``."""
+
+    __slots__ = ("const", "fn", "key")
+
+    def __init__(self, key: str, fn: Evaluator, const: int | None = None) -> None:
+        self.key = key
+        self.fn = fn
+        self.const = const
+
+    @staticmethod
+    def constant(value: int) -> Sz:
+        return Sz(str(int(value)), lambda env, v=int(value): v, int(value))
+
+    def __repr__(self) -> str:
+        return self.key
+
+
+def _torch_op(name: str) -> Callable[..., Any]:
+    def both(a: Any, b: Any) -> Any:
+        if name == "max":
+            return torch.maximum(_t(a, b), _t(b, a)) if _any_tensor(a, b) else max(a, b)
+        if name == "min":
+            return torch.minimum(_t(a, b), _t(b, a)) if _any_tensor(a, b) else min(a, b)
+        raise AssertionError(name)
+
+    return both
+
+
+def _any_tensor(*xs: Any) -> bool:
+    return any(isinstance(x, Tensor) for x in xs)
+
+
+def _t(a: Any, like: Any) -> Tensor:
+    if isinstance(a, Tensor):
+        return a
+    return torch.full_like(like, a) if isinstance(like, Tensor) else torch.tensor(a)
+
+
+def _floordiv(a: Any, b: Any) -> Any:
+    if _any_tensor(a, b):
+        return torch.div(a, b, rounding_mode="floor")
+    return a // b
+
+
+def _mod(a: Any, b: Any) -> Any:
+    if _any_tensor(a, b):
+        return torch.remainder(a, b)
+    return a % b
+
+
+def _and(a: Any, b: Any) -> Any:
+    return (a & b) if _any_tensor(a, b) else (a and b)
+
+
+def _or(a: Any, b: Any) -> Any:
+    return (a | b) if _any_tensor(a, b) else (a or b)
+
+
+def _not(a: Any) -> Any:
+    return ~a if isinstance(a, Tensor) else (not a)
+
+
+def _to_float(a: Any) -> Any:
+    return a.double() if isinstance(a, Tensor) else float(a)
+
+
+def compile_expr(expr: Any) -> Evaluator:
+    """A closure evaluating sympy ``expr`` on an env of ``[B]`` size tensors."""
+    if isinstance(expr, (int, float, bool)):
+        return lambda env: expr
+    if expr is sympy.true:
+        return lambda env: True
+    if expr is sympy.false:
+        return lambda env: False
+    if isinstance(expr, sympy.Symbol):
+        name = expr.name
+        return lambda env: env[name]
+    if isinstance(expr, sympy.Integer):
+        value = int(expr)
+        return lambda env: value
+    if isinstance(expr, (sympy.Rational, sympy.Float)):
+        value = float(expr)
+        return lambda env: value
+    args = [compile_expr(a) for a in expr.args]
+    binary: dict[type, Callable[[Any, Any], Any]] = {
+        sympy.Eq: lambda a, b: a == b,
+        sympy.Ne: lambda a, b: a != b,
+        sympy.StrictLessThan: lambda a, b: a < b,
+        sympy.LessThan: lambda a, b: a <= b,
+        sympy.StrictGreaterThan: lambda a, b: a > b,
+        sympy.GreaterThan: lambda a, b: a >= b,
+        symfn.FloorDiv: _floordiv,
+        symfn.CleanDiv: _floordiv,
+        symfn.Mod: _mod,
+        symfn.PythonMod: _mod,
+        symfn.IntTrueDiv: lambda a, b: a / b,
+        symfn.FloatTrueDiv: lambda a, b: a / b,
+        symfn.PowByNatural: lambda a, b: a**b,
+        symfn.FloatPow: lambda a, b: a**b,
+        sympy.Pow: lambda a, b: a**b,
+        symfn.CeilDiv: lambda a, b: -_floordiv(-a, b),
+    }
+    for kind, fn in binary.items():
+        if type(expr) is kind:
+            left, right = args
+            return lambda env, fn=fn: fn(left(env), right(env))
+    if isinstance(expr, sympy.Add):
+        return lambda env: _fold(lambda a, b: a + b, [a(env) for a in args])
+    if isinstance(expr, sympy.Mul):
+        return lambda env: _fold(lambda a, b: a * b, [a(env) for a in args])
+    if isinstance(expr, sympy.And):
+        return lambda env: _fold(_and, [a(env) for a in args])
+    if isinstance(expr, sympy.Or):
+        return lambda env: _fold(_or, [a(env) for a in args])
+    if isinstance(expr, sympy.Not):
+        (inner,) = args
+        return lambda env: _not(inner(env))
+    if isinstance(expr, symfn.Max):
+        return lambda env: _fold(_torch_op("max"), [a(env) for a in args])
+    if isinstance(expr, symfn.Min):
+        return lambda env: _fold(_torch_op("min"), [a(env) for a in args])
+    if isinstance(expr, symfn.ToFloat):
+        (inner,) = args
+        return lambda env: _to_float(inner(env))
+    if isinstance(expr, symfn.ModularIndexing):
+        base, div, mod = args
+        return lambda env: _mod(_floordiv(base(env), div(env)), mod(env))
+    raise Unsupported(f"size expression {expr} ({type(expr).__name__})")
+
+
+def _fold(fn: Callable[[Any, Any], Any], values: list[Any]) -> Any:
+    out = values[0]
+    for v in values[1:]:
+        out = fn(out, v)
+    return out
+
+
+def sz_of(expr: Any) -> Sz | int:
+    """A traced size (int or symbolic) as a static int or a :class:`Sz`."""
+    if isinstance(expr, torch.SymInt):
+        expr = expr.node.expr
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, sympy.Integer):
+        return int(expr)
+    if not expr.free_symbols:
+        return int(expr)
+    return Sz(str(expr), compile_expr(expr))
+
+
+def product_key(sizes: tuple[Sz, ...]) -> str:
+    """Canonical text of a product of sizes (pure Python: safe while compiling)."""
+    return "*".join(sorted(f"({s.key})" for s in sizes))

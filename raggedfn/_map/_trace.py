@@ -1,0 +1,299 @@
+"""Tracing a per-sample function once per input signature, and the plan it becomes.
+
+``make_fx(..., tracing_mode="symbolic", pre_dispatch=True)`` keeps high-level
+aten ops. Plain symbolic mode would make every dimension symbolic (parameters
+too), so the example inputs are fake tensors built here from one
+``ShapeEnv`` in which only the ragged axes get symbols (``DimDynamic.DYNAMIC``)
+and every dense axis is static. ``specialize_zero_one=False`` keeps sizes 0
+and 1 inside the symbols' ranges, so a branch on them records a guard instead of
+being assumed away; every guard is checked against every sample's sizes before
+the batched plan runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import sympy
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    ShapeEnv,
+    StatelessSymbolicContext,
+)
+
+from .._ragged import Ragged
+from ._sizes import Evaluator, Sz, Unsupported, compile_expr, sz_of
+
+# Distinct example sizes: relations between symbols that the trace relies on
+# become explicit guards, none hold by accident.
+_HINTS = (5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61)
+
+# Guards that only decide strides / memory format (never values): the batched
+# plan does not depend on them, so samples of size 0 or 1 need not fall back.
+_STRIDE_FRAMES = {
+    "check_contiguous_sizes_strides",
+    "ge",
+    "should_swap",
+    "compute_elementwise_output_logical_to_physical_perm",
+    "is_non_overlapping_and_dense",
+    "_compute_contiguous_strides",
+    "is_contiguous",
+    "compute_required_storage_length",
+}
+
+
+def is_ragged_leaf(value: Any) -> bool:
+    return isinstance(value, Ragged)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+    """A reference to the value of plan node ``index``."""
+
+    index: int
+
+
+@dataclasses.dataclass
+class TSpec:
+    """Traced per-sample tensor: logical shape (int or :class:`Sz`) and dtype."""
+
+    shape: tuple[Any, ...]
+    dtype: torch.dtype
+
+    @property
+    def ragged(self) -> bool:
+        return any(isinstance(s, Sz) for s in self.shape)
+
+
+@dataclasses.dataclass
+class Step:
+    index: int
+    name: str
+    target: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    out: Any  # TSpec, Sz, int/float, or a tuple of those
+    batched: bool
+
+
+@dataclasses.dataclass
+class LeafKind:
+    """How one flat input leaf enters the trace."""
+
+    kind: str  # "ragged", "dense", "shared" or "constant"
+    symbols: tuple[str, ...] = ()
+    sz: tuple[Sz, ...] = ()
+
+
+@dataclasses.dataclass
+class Plan:
+    steps: list[Step]
+    placeholders: list[int]  # flat leaf index of each placeholder (constants are baked in)
+    leaf_kinds: list[LeafKind]
+    outputs: list[Any]
+    out_spec: Any
+    guards: list[tuple[str, Evaluator]]
+    trace_seconds: float
+
+
+def leaf_kinds(leaves: list[Any], mapped: list[bool]) -> list[str]:
+    kinds = []
+    for leaf, m in zip(leaves, mapped, strict=True):
+        if m and isinstance(leaf, Ragged):
+            kinds.append("ragged")
+        elif m and isinstance(leaf, Tensor):
+            kinds.append("dense")
+        elif isinstance(leaf, Tensor):
+            kinds.append("shared")
+        else:
+            kinds.append("constant")
+    return kinds
+
+
+def signature(leaves: list[Any], kinds: list[str]) -> tuple[Any, ...]:
+    """Everything a trace depends on except ragged sizes (and tensor contents)."""
+    out: list[Any] = []
+    for leaf, kind in zip(leaves, kinds, strict=True):
+        if kind == "ragged":
+            axes = tuple((a.ragged, a.index) for a in leaf.layout.axes)
+            v = leaf.values
+            out.append(("R", axes, str(v.dtype), tuple(int(d) for d in v.shape[1:]), str(v.device)))
+        elif kind == "dense":
+            out.append(
+                ("D", str(leaf.dtype), tuple(int(d) for d in leaf.shape[1:]), str(leaf.device))
+            )
+        elif kind == "shared":
+            out.append(("S", str(leaf.dtype), tuple(int(d) for d in leaf.shape), str(leaf.device)))
+        else:
+            try:
+                hash(leaf)
+                out.append(("C", type(leaf).__name__, leaf))
+            except TypeError:
+                out.append(("C", type(leaf).__name__, id(leaf)))
+    return tuple(out)
+
+
+def _fake(
+    mode: FakeTensorMode, shape: tuple[int, ...], dynamic: list[bool], like: Tensor
+) -> Tensor:
+    ctx = StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC if d else DimDynamic.STATIC for d in dynamic]
+    )
+    real = torch.empty(shape, dtype=like.dtype, device=like.device)
+    return mode.from_tensor(real, symbolic_context=ctx)
+
+
+def _spec_of(val: Any) -> Any:
+    if isinstance(val, Tensor):
+        return TSpec(tuple(sz_of(s) for s in val.shape), val.dtype)
+    if isinstance(val, torch.SymInt):
+        return sz_of(val)
+    if isinstance(val, (torch.SymFloat, torch.SymBool)):
+        expr = val.node.expr
+        return Sz(str(expr), compile_expr(expr)) if expr.free_symbols else val
+    if isinstance(val, (tuple, list)):
+        return tuple(_spec_of(v) for v in val)
+    return val
+
+
+def _stride_only(guard: Any) -> bool:
+    """Guards that decide memory layout only, never values.
+
+    Comparisons of one size with 1 made inside torch's own meta code (view vs
+    copy in reshape, contiguity, broadcasting checks whose equality guards are
+    kept) are of this kind; ``squeeze`` is the exception (it changes the shape).
+    """
+    loc = getattr(getattr(guard, "sloc", None), "framework_loc", None)
+    name = getattr(loc, "name", "") or ""
+    line = getattr(loc, "line", "") or ""
+    filename = getattr(loc, "filename", "") or ""
+    if name in _STRIDE_FRAMES or "contiguous" in line:
+        return True
+    expr = guard.expr
+    internal = "/torch/" in filename.replace("\\", "/") and "squeeze" not in (name + line)
+    size_one = (
+        isinstance(expr, (sympy.Ne, sympy.StrictLessThan, sympy.StrictGreaterThan))
+        and len(expr.free_symbols) == 1
+        and 1 in (expr.lhs, expr.rhs)
+    )
+    return internal and size_one
+
+
+def trace(
+    fn: Any,
+    args: tuple[Any, ...],
+    in_dims: tuple[Any, ...],
+    leaves: list[Any],
+    kinds: list[str],
+    treespec: Any,
+) -> Plan:
+    """Trace ``fn`` on symbolic example samples; raises on data-dependent control flow."""
+    import time
+
+    start = time.perf_counter()
+    env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    hints = itertools.cycle(_HINTS)
+    fakes: list[Tensor] = []
+    placeholders: list[int] = []
+    lk: list[LeafKind] = []
+    for i, (leaf, kind) in enumerate(zip(leaves, kinds, strict=True)):
+        if kind == "ragged":
+            dense = tuple(leaf.values.shape[1:])
+            shape, dynamic = [], []
+            for a in leaf.layout.axes:
+                shape.append(next(hints) if a.ragged else dense[a.index])
+                dynamic.append(a.ragged)
+            fake = _fake(mode, tuple(shape), dynamic, leaf.values)
+            symbols: list[str] = [""] * leaf.layout.num_ragged
+            szs: list[Any] = [None] * leaf.layout.num_ragged
+            for p, a in enumerate(leaf.layout.axes):
+                if a.ragged:
+                    expr = fake.shape[p].node.expr
+                    symbols[a.index] = expr.name
+                    szs[a.index] = sz_of(fake.shape[p])
+            lk.append(LeafKind("ragged", tuple(symbols), tuple(szs)))
+        elif kind == "dense":
+            fake = _fake(mode, tuple(leaf.shape[1:]), [False] * (leaf.ndim - 1), leaf)
+            lk.append(LeafKind("dense"))
+        elif kind == "shared":
+            fake = _fake(mode, tuple(leaf.shape), [False] * leaf.ndim, leaf)
+            lk.append(LeafKind("shared"))
+        else:
+            lk.append(LeafKind("constant"))
+            continue
+        fakes.append(fake)
+        placeholders.append(i)
+
+    out_holder: list[Any] = []
+
+    def flat_fn(*tensors: Any) -> list[Any]:
+        full = list(leaves)
+        for i, t in zip(placeholders, tensors, strict=True):
+            full[i] = t
+        sample_args = pytree.tree_unflatten(full, treespec)
+        out = fn(*sample_args)
+        flat, spec = pytree.tree_flatten(out)
+        out_holder.append(spec)
+        return flat
+
+    gm = make_fx(flat_fn, tracing_mode="symbolic", pre_dispatch=True)(*fakes)
+    steps, outputs = _plan_steps(gm, len(fakes), [k.kind for k in lk if k.kind != "constant"])
+    guards: list[tuple[str, Evaluator]] = []
+    raw = [g for g in env.guards if not _stride_only(g)]
+    exprs = [g.expr for g in raw]
+    for asserts in env.deferred_runtime_asserts.values():
+        exprs.extend(a.expr for a in asserts)
+    seen: set[str] = set()
+    for expr in exprs:
+        text = str(expr)
+        if text in seen or expr is True or str(expr) == "True":
+            continue
+        seen.add(text)
+        guards.append((text, compile_expr(expr)))
+    return Plan(
+        steps, placeholders, lk, outputs, out_holder[-1], guards, time.perf_counter() - start
+    )
+
+
+def _plan_steps(gm: Any, num_inputs: int, kinds: list[str]) -> tuple[list[Step], list[Any]]:
+    index: dict[Any, int] = {}
+    batched: list[bool] = []
+    steps: list[Step] = []
+    outputs: list[Any] = []
+    placeholder = 0
+
+    def to_ref(node: Any) -> Ref:
+        return Ref(index[node])
+
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            index[node] = len(batched)
+            batched.append(kinds[placeholder] in ("ragged", "dense"))
+            placeholder += 1
+            continue
+        if node.op == "output":
+            outputs = list(torch.fx.node.map_arg(node.args[0], to_ref))
+            continue
+        if node.op == "get_attr":
+            raise Unsupported(f"graph attribute {node.target}")
+        if node.op != "call_function":
+            raise Unsupported(f"graph node kind {node.op}")
+        args = torch.fx.node.map_arg(node.args, to_ref)
+        kwargs = torch.fx.node.map_arg(node.kwargs, to_ref)
+        uses = [index[n] for n in node.all_input_nodes]
+        is_batched = any(batched[u] for u in uses)
+        idx = len(batched)
+        index[node] = idx
+        batched.append(is_batched)
+        out = _spec_of(node.meta.get("val"))
+        steps.append(Step(idx, node.name, node.target, tuple(args), dict(kwargs), out, is_batched))
+    assert placeholder == num_inputs
+    return steps, outputs

@@ -1,0 +1,351 @@
+"""Batched values inside the ``map`` interpreter and the helpers that move them.
+
+Every graph value is one of:
+
+- a plain tensor / Python value: the same for every sample (unbatched);
+- :class:`DenseB`: ``data [B, *shape]``, a fixed per-sample shape;
+- :class:`RaggedB`: packed ``values [T, *dense]`` with a :class:`Layout` and one
+  :class:`Sz` per ragged axis (the traced size expression of that axis);
+- :class:`SymB`: a per-sample integer (a traced symbolic size such as ``s0``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._index import local_positions, offsets_of, segment_ids
+from .._layout import Axis, Layout
+from ._sizes import Env, Sz, Unsupported, product_key
+
+
+class Struct:
+    """Partitions of one ragged shape (a tuple of :class:`Sz`): sizes, offsets, index tensors."""
+
+    def __init__(self, sizes: Tensor, offsets: Tensor, total: Any) -> None:
+        self.sizes = sizes
+        self.offsets = offsets
+        self.total = total
+        self._segments: Tensor | None = None
+        self._coords: list[Tensor] | None = None
+
+    def segments(self) -> Tensor:
+        if self._segments is None:
+            self._segments = segment_ids(self.offsets, self.total)
+        return self._segments
+
+    def coords(self) -> list[Tensor]:
+        """Coordinate of every packed row along each ragged axis (storage order)."""
+        if self._coords is None:
+            segments = self.segments()
+            rest = local_positions(self.offsets, segments, self.total)
+            num = self.sizes.shape[1]
+            coords = [rest] * num
+            for k in range(num - 1, 0, -1):
+                size_k = self.sizes[segments, k]
+                coords[k] = torch.remainder(rest, size_k)
+                rest = torch.div(rest, size_k, rounding_mode="floor")
+            if num:
+                coords[0] = rest
+            self._coords = coords
+        return self._coords
+
+
+class DenseB:
+    __slots__ = ("data",)
+
+    def __init__(self, data: Tensor) -> None:
+        self.data = data
+
+
+class SymB:
+    __slots__ = ("sz",)
+
+    def __init__(self, sz: Sz) -> None:
+        self.sz = sz
+
+
+class RaggedB:
+    __slots__ = ("layout", "struct", "sz", "values")
+
+    def __init__(self, values: Tensor, layout: Layout, sz: tuple[Sz, ...], struct: Struct) -> None:
+        self.values = values
+        self.layout = layout
+        self.sz = sz
+        self.struct = struct
+
+    def shape(self) -> tuple[Any, ...]:
+        """Logical per-sample shape: ints for dense axes, :class:`Sz` for ragged ones."""
+        dense = self.values.shape[1:]
+        return tuple(self.sz[a.index] if a.ragged else dense[a.index] for a in self.layout.axes)
+
+    def positions(self) -> tuple[int, ...]:
+        return tuple(p for p, a in enumerate(self.layout.axes) if a.ragged)
+
+
+def is_batched(value: Any) -> bool:
+    return isinstance(value, (DenseB, RaggedB, SymB))
+
+
+class Ctx:
+    """Per-call state: batch size, the symbol environment and cached partitions."""
+
+    def __init__(self, batch_size: int, env: Env, totals: dict[str, Any], device: Any) -> None:
+        self.batch_size = batch_size
+        self.env = env
+        self.totals = totals
+        self.device = device
+        self.structs: dict[tuple[str, ...], Struct] = {}
+        self.record: Any = None
+
+    def eval(self, sz: Sz | int) -> Tensor:
+        """``[B]`` int64 values of a size."""
+        if isinstance(sz, int):
+            return torch.full((self.batch_size,), sz, dtype=torch.int64, device=self.device)
+        value = sz.fn(self.env)
+        if not isinstance(value, Tensor):
+            value = torch.full((self.batch_size,), value, device=self.device)
+        return value
+
+    def struct(self, sz: tuple[Sz, ...]) -> Struct:
+        key = tuple(s.key for s in sz)
+        found = self.structs.get(key)
+        if found is not None:
+            return found
+        if sz:
+            # a traced size such as s0 - 1 (from x[1:]) assumes s0 >= 1; the sample has max(., 0)
+            sizes = torch.stack([self.eval(s).to(torch.int64).clamp(min=0) for s in sz], 1)
+            counts = sizes.prod(dim=1)
+        else:
+            sizes = torch.zeros(self.batch_size, 0, dtype=torch.int64, device=self.device)
+            counts = torch.ones(self.batch_size, dtype=torch.int64, device=self.device)
+        offsets = offsets_of(counts)
+        pkey = product_key(sz)
+        total = self.totals.get(pkey)
+        if total is None:
+            total = int(offsets[-1])  # host sync: a new packed size (e.g. pairs from tokens)
+            self.totals[pkey] = total
+        out = Struct(sizes, offsets, total)
+        self.structs[key] = out
+        return out
+
+
+# ----- rows and alignment ---------------------------------------------------------
+
+
+def rows_of(x: RaggedB, segments: Tensor, coords: list[Any]) -> Tensor:
+    """Packed row of ``x`` at sample ``segments`` and ragged coordinates ``coords`` (k order)."""
+    return struct_rows(x.struct, segments, coords)
+
+
+def struct_rows(struct: Struct, segments: Tensor, coords: list[Any]) -> Tensor:
+    """Packed row at sample ``segments`` and ragged coordinates ``coords`` (storage order)."""
+    sizes = struct.sizes
+    row = None
+    for k, c in enumerate(coords):
+        row = c if row is None else row * sizes[segments, k] + c
+    start = struct.offsets[segments]
+    return start if row is None else start + row
+
+
+def canonical_layout(rank: int, positions: tuple[int, ...]) -> Layout:
+    return Layout.from_ragged_positions(rank, positions)
+
+
+def canonicalize(ctx: Ctx, x: RaggedB) -> RaggedB:
+    """The same value with ragged axes stored in logical order and dense axes in logical order."""
+    positions = x.positions()
+    target = canonical_layout(x.layout.rank, positions)
+    if x.layout == target:
+        return x
+    ragged_order = [a.index for a in x.layout.axes if a.ragged]
+    dense_order = [a.index for a in x.layout.axes if not a.ragged]
+    values, sz, struct = x.values, x.sz, x.struct
+    if ragged_order != sorted(ragged_order):
+        sz = tuple(x.sz[k] for k in ragged_order)
+        struct = ctx.struct(sz)
+        out_coords = struct.coords()
+        coords: list[Any] = [None] * len(ragged_order)
+        for new_k, old_k in enumerate(ragged_order):
+            coords[old_k] = out_coords[new_k]
+        values = values[rows_of(x, struct.segments(), coords)]
+    if dense_order != sorted(dense_order):
+        values = values.permute(0, *(1 + j for j in dense_order))
+    return RaggedB(values, target, sz, struct)
+
+
+def _place_dense(t: Tensor, have: list[int], want: list[int]) -> Tensor:
+    """``t [T, *dims at logical positions have]`` as ``[T, *want]``, 1 where missing."""
+    order = [have.index(p) for p in want if p in have]
+    t = t.permute(0, *(1 + i for i in order)) if order != sorted(order) else t
+    present = [p for p in want if p in have]
+    shape = [t.shape[0]]
+    it = iter(t.shape[1:])
+    for p in want:
+        shape.append(next(it) if p in present else 1)
+    return t.reshape(shape)
+
+
+def align(
+    ctx: Ctx, operand: Any, shape: tuple[Any, ...], layout: Layout, struct: Struct | None
+) -> Any:
+    """``operand`` broadcast (as torch would) to a batched value of logical ``shape``.
+
+    Returns a tensor laid out like the result's packed values: ``[T, *dense]`` in
+    the dense storage order of ``layout`` (``[B, *dense]`` when ``struct`` is None,
+    i.e. the result has no ragged axis), with size-1 axes where ``operand``
+    broadcasts. Python scalars and 0-d unbatched tensors pass through.
+    """
+    n = len(shape)
+    ragged_pos = {p: a.index for p, a in enumerate(layout.axes) if a.ragged}
+    dense_want = sorted((a.index, p) for p, a in enumerate(layout.axes) if not a.ragged)
+    want = [p for _, p in dense_want]
+    if isinstance(operand, SymB):
+        operand = DenseB(ctx.eval(operand.sz))
+    if not isinstance(operand, (Tensor, DenseB, RaggedB)):
+        return operand
+    if isinstance(operand, Tensor):
+        if operand.ndim == 0:
+            return operand
+        t = operand.reshape((1,) * (n - operand.ndim) + tuple(operand.shape))
+        t = t.reshape(1, *t.shape)
+    elif isinstance(operand, DenseB):
+        data = operand.data
+        m = data.ndim - 1
+        t = data.reshape(data.shape[0], *((1,) * (n - m)), *data.shape[1:])
+    else:
+        return _align_ragged(ctx, operand, shape, layout, struct, want)
+    # t: [1 or B, *logical n dims]
+    if struct is None:
+        for p in ragged_pos:
+            if t.shape[1 + p] != 1:
+                raise Unsupported("a fixed-size operand broadcast along a ragged axis")
+        keep = [p for p in range(n) if p not in ragged_pos]
+        t = t.reshape(t.shape[0], *(t.shape[1 + p] for p in keep))
+        return _place_dense(t, keep, want)
+    segments = struct.segments()
+    batch_index = segments if isinstance(operand, DenseB) else torch.zeros_like(segments)
+    index: list[Any] = [batch_index]
+    coords = None
+    for p in range(n):
+        if p not in ragged_pos:
+            index.append(slice(None))
+        elif t.shape[1 + p] == 1:
+            index.append(torch.zeros_like(segments))
+        elif isinstance(shape[p], Sz) and shape[p].const == t.shape[1 + p]:
+            coords = coords if coords is not None else struct.coords()
+            index.append(coords[ragged_pos[p]])
+        else:
+            raise Unsupported("a fixed-size operand broadcast along a ragged axis")
+    t = t[tuple(index)]
+    keep = [p for p in range(n) if p not in ragged_pos]
+    return _place_dense(t, keep, want)
+
+
+def _align_ragged(
+    ctx: Ctx,
+    x: RaggedB,
+    shape: tuple[Any, ...],
+    layout: Layout,
+    struct: Struct | None,
+    want: list[int],
+) -> Tensor:
+    if struct is None:
+        raise Unsupported("a ragged operand in an op whose result has no ragged axis")
+    n = len(shape)
+    shift = n - x.layout.rank
+    xshape = x.shape()
+    out_k = {p: a.index for p, a in enumerate(layout.axes) if a.ragged}
+    coords: list[Any] = [None] * x.layout.num_ragged
+    identity = True
+    for q, a in enumerate(x.layout.axes):
+        if not a.ragged:
+            continue
+        p = q + shift
+        if p not in out_k or not isinstance(shape[p], Sz) or shape[p].key != xshape[q].key:
+            raise Unsupported("a ragged axis that does not line up with the result")
+        coords[a.index] = out_k[p]
+        identity = identity and out_k[p] == a.index
+    values = x.values
+    same_struct = identity and len(coords) == len(out_k) and x.struct is struct
+    if not same_struct:
+        out_coords = struct.coords()
+        if len(coords) == 0:
+            values = values[struct.segments()]  # a ragged value without ragged axes: never
+        else:
+            rows = rows_of(x, struct.segments(), [out_coords[c] for c in coords])
+            values = values[rows]
+    # dense axes of x: values dim 1 + j sits at logical position q + shift
+    have_pos = [0] * x.layout.num_dense
+    for q, a in enumerate(x.layout.axes):
+        if not a.ragged:
+            have_pos[a.index] = q + shift
+    # dense axes of x at ragged result positions have size 1: drop them
+    drop = [j for j, p in enumerate(have_pos) if p in out_k]
+    if drop:
+        for j in drop:
+            if values.shape[1 + j] != 1:
+                raise Unsupported("a fixed-size axis broadcast along a ragged axis")
+        keep = [j for j in range(len(have_pos)) if j not in drop]
+        values = values.reshape(values.shape[0], *(values.shape[1 + j] for j in keep))
+        have_pos = [have_pos[j] for j in keep]
+    return _place_dense(values, have_pos, want)
+
+
+def out_layout_for(shape: tuple[Any, ...], operands: list[Any]) -> Layout:
+    """Layout of a result of logical ``shape``: that of a full-shape ragged operand if any."""
+    positions = tuple(p for p, s in enumerate(shape) if isinstance(s, Sz))
+    for x in operands:
+        if isinstance(x, RaggedB) and x.layout.rank == len(shape):
+            xs = x.shape()
+            if all(
+                (isinstance(s, Sz) and isinstance(xs[p], Sz) and xs[p].key == s.key)
+                or (not isinstance(s, Sz) and not isinstance(xs[p], Sz))
+                for p, s in enumerate(shape)
+            ):
+                return x.layout
+    return canonical_layout(len(shape), positions)
+
+
+def sz_in_storage_order(shape: tuple[Any, ...], layout: Layout) -> tuple[Sz, ...]:
+    out: list[Any] = [None] * layout.num_ragged
+    for p, a in enumerate(layout.axes):
+        if a.ragged:
+            out[a.index] = shape[p]
+    return tuple(out)
+
+
+def make_ragged(ctx: Ctx, values: Tensor, shape: tuple[Any, ...], layout: Layout) -> RaggedB:
+    sz = sz_in_storage_order(shape, layout)
+    return RaggedB(values, layout, sz, ctx.struct(sz))
+
+
+def dense_shape(shape: tuple[Any, ...], layout: Layout) -> list[int]:
+    out = [0] * layout.num_dense
+    for p, a in enumerate(layout.axes):
+        if not a.ragged:
+            out[a.index] = shape[p]
+    return out
+
+
+def reduce_index(ctx: Ctx, x: RaggedB, reduced: set[int]) -> tuple[Tensor, Any, tuple[Sz, ...]]:
+    """For reducing ragged axes ``reduced`` (storage k) of canonical ``x``: each row's
+    target row, the number of targets, and the remaining sizes."""
+    keep = [k for k in range(x.layout.num_ragged) if k not in reduced]
+    segments = x.struct.segments()
+    if not keep:
+        return segments, ctx.batch_size, ()
+    sz = tuple(x.sz[k] for k in keep)
+    out = ctx.struct(sz)
+    coords = x.struct.coords()
+    row = None
+    for i, k in enumerate(keep):
+        c = coords[k]
+        row = c if row is None else row * out.sizes[segments, i] + c
+    return out.offsets[segments] + row, out.total, sz
+
+
+def with_axis(layout: Layout, extra: Axis) -> Layout:
+    return Layout((*layout.axes, extra))
