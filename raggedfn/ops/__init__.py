@@ -6,6 +6,7 @@ Each submodule defines ``__all__``; this package re-exports them all.
 from . import (
     _attention,
     _broadcast,
+    _compile,
     _elementwise,
     _nn,
     _products,
@@ -17,6 +18,7 @@ from . import (
 )
 from ._attention import *  # noqa: F403
 from ._broadcast import *  # noqa: F403
+from ._compile import *  # noqa: F403
 from ._elementwise import *  # noqa: F403
 from ._nn import *  # noqa: F403
 from ._products import *  # noqa: F403
@@ -32,3 +34,4 @@ __all__ += _attention.__all__
 __all__ += _select.__all__
 __all__ += _broadcast.__all__ + _elementwise.__all__ + _nn.__all__ + _shape.__all__
 __all__ += _reduce.__all__ + _scan.__all__ + _softmax.__all__
+__all__ += _compile.__all__

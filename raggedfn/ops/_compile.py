@@ -1,0 +1,40 @@
+"""Helpers for ``torch.compile`` of functions of ``Ragged`` values (see docs/compile.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch._dynamo
+import torch.utils._pytree as pytree
+
+from .._ragged import Ragged
+
+__all__ = ["mark_dynamic"]
+
+
+def mark_dynamic(*trees: Any) -> None:
+    """Mark the packed and batch axes of every ``Ragged`` in ``trees`` as dynamic.
+
+    Compile with the default ``dynamic=None`` and call this on each input before
+    the compiled call: the packed axis ``T`` of ``values`` and the batch axis of
+    ``offsets``/``sizes`` become symbols from the first compile on, while dense
+    axes and parameters stay static, so new lengths reuse the graph. It uses
+    ``torch._dynamo.maybe_mark_dynamic``, which only tags the tensors (no data
+    changes) and lets torch specialise where it must (e.g. ``B = 1``).
+
+    Args:
+        trees: ``Ragged`` values or pytrees holding them; other leaves are ignored.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_lengths(torch.zeros(5, 2), [2, 3])
+        >>> raggedfn.mark_dynamic(x)  # then call a torch.compile'd function on x
+        >>> x.values._dynamo_weak_dynamic_indices
+        {0}
+    """
+    leaves = pytree.tree_leaves(trees, is_leaf=lambda v: isinstance(v, Ragged))
+    for leaf in leaves:
+        if isinstance(leaf, Ragged):
+            torch._dynamo.maybe_mark_dynamic(leaf.values, 0)
+            torch._dynamo.maybe_mark_dynamic(leaf.offsets, 0)
+            torch._dynamo.maybe_mark_dynamic(leaf.sizes, 0)
