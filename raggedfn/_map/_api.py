@@ -45,17 +45,17 @@ def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ..
         count = len(pytree.tree_leaves(a, is_leaf=is_ragged_leaf))
         mapped.extend([d == 0] * count)
     kinds = leaf_kinds(leaves, mapped)
-    batch_sizes = set()
+    batch_sizes: list[Any] = []
     for leaf, kind in zip(leaves, kinds, strict=True):
         if kind == "ragged":
-            batch_sizes.add(int(leaf.batch_size))
+            batch_sizes.append(leaf.batch_size)
         elif kind == "dense":
             if leaf.ndim == 0:
                 raise fail(
                     fn_name,
                     "a mapped tensor (in_dims=0) needs a leading batch axis, got a 0-d tensor",
                 )
-            batch_sizes.add(int(leaf.shape[0]))
+            batch_sizes.append(leaf.shape[0])
     for leaf, m in zip(leaves, mapped, strict=True):
         if m and not isinstance(leaf, (Ragged, torch.Tensor)):
             raise fail(
@@ -64,9 +64,13 @@ def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ..
             )
     if not batch_sizes:
         raise fail(fn_name, "no argument is mapped: give at least one Ragged or in_dims=0 tensor")
-    if len(batch_sizes) != 1:
-        raise fail(fn_name, f"mapped arguments disagree on the batch size: {sorted(batch_sizes)}")
-    return dims, leaves, treespec, kinds, batch_sizes.pop()
+    # no int(): while compiling the batch size stays symbolic (one graph for every B)
+    if not torch.compiler.is_compiling() and len({int(b) for b in batch_sizes}) != 1:
+        raise fail(
+            fn_name,
+            f"mapped arguments disagree on the batch size: {sorted({int(b) for b in batch_sizes})}",
+        )
+    return dims, leaves, treespec, kinds, batch_sizes[0]
 
 
 def _plan_for(
@@ -81,7 +85,9 @@ def _plan_for(
     found = _CACHE.get(key)
     if found is None:
         try:
-            found = trace(f, args, dims, leaves, kinds, treespec)
+            # trace outside any torch.func transform the call runs under
+            with torch._C._DisableFuncTorch(), torch.enable_grad():
+                found = trace(f, args, dims, leaves, kinds, treespec)
         except Exception as error:  # data-dependent control flow, unsupported graph, ...
             found = f"tracing failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             logger.info("raggedfn.map: %s; running f per sample", found)

@@ -12,21 +12,12 @@ from torch import Tensor
 from .._errors import fail
 from . import _rules_linalg, _rules_pointwise, _rules_reduce, _rules_shape  # noqa: F401
 from ._fallback import node_loop, to_output
-from ._registry import find_rule
-from ._sizes import Sz, Unsupported
+from ._sizes import Sz, Unsupported, product_key
 from ._trace import Plan, Ref, Step
 from ._values import Ctx, DenseB, RaggedB, Struct, SymB, is_batched
 
 logger = logging.getLogger("raggedfn.map")
 _logged: set[tuple[str, str]] = set()
-
-
-def op_name(target: Any) -> str:
-    name = getattr(target, "__name__", None) or str(target)
-    module = getattr(target, "__module__", "") or ""
-    if hasattr(target, "_schema"):
-        return f"aten.{target._schema.name.split('::')[-1]}.{target._overloadname}"
-    return f"{module}.{name}" if module and "aten" not in module else name
 
 
 class Recorder:
@@ -63,8 +54,6 @@ def make_ctx(plan: Plan, leaves: list[Any], batch_size: int, device: Any) -> tup
             for k, name in enumerate(kind.symbols):
                 env[name] = leaf.sizes[:, k]
             struct = Struct(leaf.sizes, leaf.offsets, leaf.values.shape[0])
-            from ._sizes import product_key
-
             totals[product_key(kind.sz)] = leaf.values.shape[0]
             ctx.structs.setdefault(tuple(s.key for s in kind.sz), struct)
             inputs.append(RaggedB(leaf.values, leaf.layout, kind.sz, struct))
@@ -103,19 +92,19 @@ def _run_step(
     strict: bool,
     recorder: Recorder | None,
 ) -> Any:
-    name = op_name(step.target)
+    name = step.op
     out = step.out
     if step.batched and isinstance(out, Sz):
         return SymB(out)  # a per-sample size: its expression is known, nothing to run
     if step.batched and isinstance(out, (int, float, bool)) and not isinstance(out, Tensor):
         return out  # a size that is the same for every sample
-    if step.target is __import__("operator").getitem and isinstance(args[0], (tuple, list)):
+    if step.getitem and isinstance(args[0], (tuple, list)):
         return args[0][args[1]]
     if not step.batched or not any(is_batched(a) for a in _leaves(args, kwargs)):
         if recorder is not None:
             recorder.unbatched[name] = recorder.unbatched.get(name, 0) + 1
         return step.target(*args, **kwargs)
-    found = find_rule(step.target)
+    found = step.rule
     reason = "no batching rule"
     if not any(isinstance(a, (RaggedB, SymB)) for a in _leaves(args, kwargs)):
         found = _vmap_rule
@@ -178,4 +167,4 @@ def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     return out
 
 
-__all__ = ["Recorder", "check_guards", "make_ctx", "op_name", "run", "torch"]
+__all__ = ["Recorder", "check_guards", "make_ctx", "run"]

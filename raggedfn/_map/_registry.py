@@ -42,3 +42,13 @@ def _is_pointwise(target: Any) -> bool:
         a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
     )
     return torch.Tag.pointwise in tags and not mutates and name != "out"
+
+
+def op_name(target: Any) -> str:
+    """Readable name of a graph target, e.g. ``aten.linear.default``."""
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return f"aten.{schema.name.split('::')[-1]}.{target._overloadname}"
+    name = getattr(target, "__name__", None) or str(target)
+    module = getattr(target, "__module__", "") or ""
+    return f"{module}.{name}" if module else name

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._layout import Axis
+from .._layout import Axis, Layout
 from ._registry import rule
 from ._rules_reduce import segment
 from ._sizes import Sz, Unsupported
@@ -154,6 +154,25 @@ def _pair_matmul(
 # ----- attention ------------------------------------------------------------------------
 
 
+# Eager runs use raggedfn.attention (length-bucketed SDPA, fast); compiled runs
+# and explicit masks use the packed (query, key) pair formulation below, which has
+# no host sync but holds every pair's product in memory.
+USE_RAGGED_ATTENTION = True
+
+
+def _via_attention(q: RaggedB, k: RaggedB, v: RaggedB, causal: bool, scale: Any, step: Any) -> Any:
+    from .._ragged import Ragged
+    from ..ops._attention import attention
+
+    def tokens(x: RaggedB) -> Ragged:
+        values = x.values.reshape(x.values.shape[0], -1, x.values.shape[-1])
+        return Ragged(values, x.struct.offsets, x.struct.sizes, Layout.standard(1, 2))
+
+    out = attention(tokens(q), tokens(k), tokens(v), causal=causal, scale=scale)
+    values = out.values.reshape((*q.values.shape[:-1], v.values.shape[-1]))
+    return RaggedB(values.to(step.out.dtype), q.layout, q.sz, q.struct)
+
+
 @rule(aten.scaled_dot_product_attention)
 def sdpa_rule(
     ctx: Ctx,
@@ -189,6 +208,8 @@ def sdpa_rule(
     if not all(isinstance(t, RaggedB) for t in (q, k, v)):
         raise Unsupported("attention with fixed-size operands")
     q, k, v = (canonicalize(ctx, t) for t in (q, k, v))
+    if USE_RAGGED_ATTENTION and not torch.compiler.is_compiling() and attn_mask is None:
+        return _via_attention(q, k, v, is_causal, scale, step)
     pairs = ctx.struct((lq, lk))
     segments = pairs.segments()
     i, j = pairs.coords()

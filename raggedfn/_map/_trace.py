@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from typing import Any
 
 import sympy
@@ -29,6 +30,7 @@ from torch.fx.experimental.symbolic_shapes import (
 )
 
 from .._ragged import Ragged
+from ._registry import find_rule, op_name
 from ._sizes import Evaluator, Sz, Unsupported, compile_expr, sz_of
 
 # Distinct example sizes: relations between symbols that the trace relies on
@@ -81,6 +83,9 @@ class Step:
     kwargs: dict[str, Any]
     out: Any  # TSpec, Sz, int/float, or a tuple of those
     batched: bool
+    op: str = ""
+    rule: Any = None
+    getitem: bool = False
 
 
 @dataclasses.dataclass
@@ -263,6 +268,21 @@ def trace(
     )
 
 
+def _plain(value: Any) -> Any:
+    """fx's immutable containers as plain lists/tuples/dicts (torch.compile traces those)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
+def _constant(value: Any) -> Any:
+    return value
+
+
 def _plan_steps(gm: Any, num_inputs: int, kinds: list[str]) -> tuple[list[Step], list[Any]]:
     index: dict[Any, int] = {}
     batched: list[bool] = []
@@ -282,18 +302,36 @@ def _plan_steps(gm: Any, num_inputs: int, kinds: list[str]) -> tuple[list[Step],
         if node.op == "output":
             outputs = list(torch.fx.node.map_arg(node.args[0], to_ref))
             continue
-        if node.op == "get_attr":
-            raise Unsupported(f"graph attribute {node.target}")
+        if node.op == "get_attr":  # a tensor f closes over (e.g. a module's buffer)
+            idx = len(batched)
+            index[node] = idx
+            batched.append(False)
+            value = getattr(gm, node.target)
+            steps.append(Step(idx, node.name, _constant, (value,), {}, None, False))
+            continue
         if node.op != "call_function":
             raise Unsupported(f"graph node kind {node.op}")
-        args = torch.fx.node.map_arg(node.args, to_ref)
-        kwargs = torch.fx.node.map_arg(node.kwargs, to_ref)
+        args = _plain(torch.fx.node.map_arg(node.args, to_ref))
+        kwargs = _plain(torch.fx.node.map_arg(node.kwargs, to_ref))
         uses = [index[n] for n in node.all_input_nodes]
         is_batched = any(batched[u] for u in uses)
         idx = len(batched)
         index[node] = idx
         batched.append(is_batched)
         out = _spec_of(node.meta.get("val"))
-        steps.append(Step(idx, node.name, node.target, tuple(args), dict(kwargs), out, is_batched))
+        steps.append(
+            Step(
+                idx,
+                node.name,
+                node.target,
+                tuple(args),
+                dict(kwargs),
+                out,
+                is_batched,
+                op_name(node.target),
+                find_rule(node.target),
+                node.target is operator.getitem,
+            )
+        )
     assert placeholder == num_inputs
     return steps, outputs
