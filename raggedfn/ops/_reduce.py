@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._axes import normalize_axis, values_dim
+from .._axes import normalize_axis
 from .._errors import fail
 from .._index import coordinates
 from .._prims import (
@@ -47,6 +47,7 @@ from ._reduce_plan import (
     plan,
     reduced_axes,
     require_ragged,
+    static_axes,
 )
 
 Dim = int | Sequence[int] | None
@@ -67,6 +68,14 @@ __all__ = [
     "sum",
     "var",
 ]
+
+
+def _size(values: Tensor, dims: tuple[int, ...]) -> int:
+    """Number of elements along ``dims`` (a loop: dynamo rejects math.prod of SymInts)."""
+    size = 1
+    for d in dims:
+        size = size * values.shape[d]
+    return size
 
 
 def _sum_op(values: Tensor, dims: tuple[int, ...]) -> Tensor:
@@ -163,7 +172,7 @@ def _extremum(fn: str, x: Ragged, dim: Dim, keepdim: bool, largest: bool) -> Res
         # across both share the gradient evenly, as in torch.amax.
         inner = tuple(range(1, 1 + len(p.dense_dims)))
         moved = values.movedim(p.dense_dims, inner)
-        per_row = math.prod(moved.shape[d] for d in inner)
+        per_row = _size(moved, inner)
         flat = moved.reshape(moved.shape[0] * per_row, *moved.shape[1 + len(inner) :])
         segments = torch.repeat_interleave(p.segments, per_row, output_size=flat.shape[0])
         reduced = prim(flat, segments, p.num_segments)[0]
@@ -231,11 +240,11 @@ def _arg(fn: str, x: Ragged, dim: int | None, keepdim: bool, largest: bool) -> R
             "dim=None (a flat index into the whole batch) is not supported; pass one logical axis",
         )
     axis_index = normalize_axis(x, dim, fn, allow_batch=False)
-    axis = x.layout.axes[axis_index - 1]
+    ragged, index = static_axes(x.layout)[axis_index - 1]
     p = plan(x, (axis_index,))
     values = x.values
-    if not axis.ragged:
-        d = values_dim(axis)
+    if not ragged:
+        d = 1 + index
         arg = values.argmax(d, keepdim=True) if largest else values.argmin(d, keepdim=True)
         return finish(x, p, arg, keepdim)
     assert p.segments is not None
@@ -245,7 +254,7 @@ def _arg(fn: str, x: Ragged, dim: int | None, keepdim: bool, largest: bool) -> R
         _, coords = coordinates(x.offsets, x.sizes, values.shape[0])
         # Row T of the extended coordinate is the -1 of an empty sample.
         total = values.shape[0]
-        extended = torch.cat([coords[axis.index], coords[axis.index].new_full((1,), -1)])
+        extended = torch.cat([coords[index], coords[index].new_full((1,), -1)])
         arg = extended[torch.where(rows < 0, total, rows)]
     return finish(x, p, arg, keepdim)
 
@@ -376,7 +385,7 @@ def _moment(fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool) -> R
         squares = (centered * centered.conj()).real.sum(0, keepdim=True)
         return full_result(x, _variance(squares, count, correction).reshape(()), keepdim)
     p = plan(x, axes)
-    per_row = math.prod(values.shape[d] for d in p.dense_dims)
+    per_row = _size(values, p.dense_dims)
     total = apply(p, values, _sum_op, _segment_sum)
     if p.counts is None:
         count = torch.full((1,) * total.ndim, per_row, dtype=total.dtype, device=total.device)

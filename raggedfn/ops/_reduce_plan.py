@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .._axes import normalize_axes, values_dim
+from .._axes import normalize_axes
 from .._errors import describe, fail
 from .._index import reduced_rows
 from .._layout import Axis, Layout
@@ -63,11 +63,25 @@ def reduced_axes(x: Ragged, dim: int | Sequence[int] | None, fn: str) -> tuple[i
     )
 
 
+def static_axes(layout: Layout) -> list[tuple[bool, int]]:
+    """``(ragged, index)`` of every sample axis as plain Python values.
+
+    Under ``torch.compile(dynamic=True)`` dynamo may treat the layout's ints as
+    symbolic (``sorted`` then breaks the graph, and ``Axis(...) in axes``
+    silently answers False, torch 2.13); ints found by equality against
+    ``range`` are plain, and keep the bookkeeping exact.
+    """
+    counts = {True: layout.num_ragged, False: layout.num_dense}
+    return [
+        (bool(a.ragged), next(k for k in range(counts[bool(a.ragged)]) if a.index == k))
+        for a in layout.axes
+    ]
+
+
 def plan(x: Ragged, axes: tuple[int, ...]) -> Plan:
-    layout = x.layout
-    chosen = [layout.axes[a - 1] for a in axes]
-    dense_dims = tuple(values_dim(a) for a in chosen if not a.ragged)
-    ragged = tuple(sorted(a.index for a in chosen if a.ragged))
+    chosen = [static_axes(x.layout)[a - 1] for a in axes]
+    dense_dims = tuple(1 + index for ragged, index in chosen if not ragged)
+    ragged = tuple(sorted(index for is_ragged, index in chosen if is_ragged))
     if not ragged:
         return Plan(axes, dense_dims, None, 0, None, None, None)
     segments, num_segments, counts, offsets, sizes = reduced_rows(
@@ -99,27 +113,29 @@ def finish(x: Ragged, p: Plan, values: Tensor, keepdim: bool) -> Ragged | Tensor
     its logical position. No ragged axis left: a dense ``[B, *logical]`` tensor.
     """
     num_dense = x.layout.num_dense
-    dropped = {a.index for a in (x.layout.axes[q - 1] for q in p.axes) if not a.ragged}
-    reduced_ragged = {a.index for a in (x.layout.axes[q - 1] for q in p.axes) if a.ragged}
+    layout = static_axes(x.layout)
+    reduced = [layout[q - 1] for q in p.axes]
+    dropped = sorted(index for ragged, index in reduced if not ragged)
+    reduced_ragged = [index for ragged, index in reduced if ragged]
     axes: list[Axis] = []
     next_ragged = 0
     added = 0
-    for position, axis in enumerate(x.layout.axes):
-        reduced = position + 1 in p.axes
-        if axis.ragged and not reduced:
+    for position, (ragged, index) in enumerate(layout):
+        removed = position + 1 in p.axes
+        if ragged and not removed:
             # Kept ragged axes keep their storage (k) order.
-            axes.append(Axis(True, axis.index - sum(1 for k in reduced_ragged if k < axis.index)))
+            axes.append(Axis(True, index - sum(1 for k in reduced_ragged if k < index)))
             next_ragged += 1
-        elif axis.ragged and keepdim:
+        elif ragged and keepdim:
             axes.append(Axis(False, num_dense + added))
             added += 1
-        elif not axis.ragged and (keepdim or not reduced):
-            shift = 0 if keepdim else sum(1 for j in dropped if j < axis.index)
-            axes.append(Axis(False, axis.index - shift))
+        elif not ragged and (keepdim or not removed):
+            shift = 0 if keepdim else sum(1 for j in dropped if j < index)
+            axes.append(Axis(False, index - shift))
     if keepdim:
         values = values.reshape(*values.shape, *([1] * added))
     elif dropped:
-        values = values.squeeze(tuple(1 + j for j in sorted(dropped)))
+        values = values.squeeze(tuple(1 + j for j in dropped))
     if next_ragged == 0:
         return values.permute(0, *(1 + a.index for a in axes))
     offsets = x.offsets if p.offsets is None else p.offsets

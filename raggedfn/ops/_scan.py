@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .._axes import sample_axis, values_dim
+from .._axes import normalize_axis
 from .._index import line_major_rows, line_starts, segment_ids
 from .._prims import segment_cumsum
 from .._ragged import Ragged
-from ._reduce_plan import require_ragged
+from ._reduce_plan import require_ragged, static_axes
 
 __all__ = ["cumsum"]
 
@@ -35,19 +35,19 @@ def cumsum(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
         tensor([ 1.,  3.,  3.,  7., 12.])
     """
     x = require_ragged(x, "cumsum")
-    axis = sample_axis(x, dim, "cumsum")
+    ragged, index = static_axes(x.layout)[normalize_axis(x, dim, "cumsum", allow_batch=False) - 1]
     values = x.values if dtype is None else x.values.to(dtype)
-    if not axis.ragged:
-        return x.with_values(torch.cumsum(values, values_dim(axis)))
+    if not ragged:
+        return x.with_values(torch.cumsum(values, 1 + index))
     total = values.shape[0]
     if x.layout.num_ragged == 1:
         starts = x.offsets.index_select(0, segment_ids(x.offsets, total))
         return x.with_values(segment_cumsum(values, starts))
-    starts, positions = line_starts(x.offsets, x.sizes, total, axis.index)
-    if axis.index == x.layout.num_ragged - 1:
+    starts, positions = line_starts(x.offsets, x.sizes, total, index)
+    if index == x.layout.num_ragged - 1:
         return x.with_values(segment_cumsum(values, starts))
     # Move the axis innermost so that each line is contiguous, accumulate, move back.
-    destination = line_major_rows(x.offsets, x.sizes, total, axis.index)
+    destination = line_major_rows(x.offsets, x.sizes, total, index)
     rows = torch.arange(total, device=values.device)
     source = torch.zeros_like(rows).index_copy(0, destination, rows)
     moved_starts = torch.zeros_like(rows).index_copy(0, destination, destination - positions)

@@ -12,11 +12,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .._axes import sample_axis, values_dim
+from .._axes import normalize_axis
 from .._index import line_starts, segment_ids
 from .._prims import segment_log_softmax, segment_softmax
 from .._ragged import Ragged
-from ._reduce_plan import require_ragged
+from ._reduce_plan import require_ragged, static_axes
 
 __all__ = ["log_softmax", "softmax"]
 
@@ -43,11 +43,11 @@ def _normalise(
     prim: Callable[[Tensor, Tensor, int], Tensor],
 ) -> Ragged:
     x = require_ragged(x, fn)
-    axis = sample_axis(x, dim, fn)
+    ragged, index = static_axes(x.layout)[normalize_axis(x, dim, fn, allow_batch=False) - 1]
     values = x.values if dtype is None else x.values.to(dtype)
-    if not axis.ragged:
-        return x.with_values(dense(values, values_dim(axis)))
-    segments, num_segments = line_segments(x, axis.index)
+    if not ragged:
+        return x.with_values(dense(values, 1 + index))
+    segments, num_segments = line_segments(x, index)
     return x.with_values(prim(values, segments, num_segments))
 
 
