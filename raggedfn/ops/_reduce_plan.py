@@ -49,9 +49,12 @@ def require_ragged(x: Any, fn: str) -> Ragged:
 
 def reduced_axes(x: Ragged, dim: int | Sequence[int] | None, fn: str) -> tuple[int, ...] | None:
     """Normalized sample axes to reduce, or ``None`` for a full reduction."""
-    if dim is not None and not isinstance(dim, int) and len(tuple(dim)) == 0:
-        dim = None  # torch reduces everything for dim=()
-    axes = normalize_axes(x, dim, fn)
+    chosen = dim
+    if chosen is not None and not isinstance(chosen, (list, tuple)):
+        chosen = (chosen,)  # normalize_axes then names a non-int axis in its message
+    if chosen is not None and len(chosen) == 0:
+        chosen = None  # torch reduces everything for dim=()
+    axes = normalize_axes(x, chosen, fn)
     if 0 not in axes:
         return axes
     if len(axes) == x.ndim:
