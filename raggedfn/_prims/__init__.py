@@ -12,13 +12,14 @@ the identity with arg -1, logsumexp -inf; derivatives stay finite.
 Custom ``torch.autograd.Function`` rules (torch.func form: ``forward`` without
 ctx, ``setup_context``, a backward built from other primitives,
 ``generate_vmap_rule = True``, always called through a plain function):
-``segment_max``/``segment_min`` (ties share the gradient, as ``torch.amax``),
+``segment_amax``/``segment_amin`` (ties share the gradient, as ``torch.amax``;
+``segment_max``/``segment_min`` add the non-differentiable arg index),
 ``segment_softmax``, ``segment_log_softmax``, ``segment_prod`` (exact with zeros,
 and vmap-able, unlike ``scatter_reduce``'s own rule). Everything else is a composite of
 differentiable torch ops, which is as fast and also supports forward-mode AD.
 """
 
-from ._extrema import identity, segment_max, segment_min
+from ._extrema import identity, segment_amax, segment_amin, segment_max, segment_min
 from ._prod import segment_prod
 from ._segment import (
     broadcast,
@@ -37,6 +38,8 @@ __all__ = [
     "pad",
     "segment_counts",
     "segment_cumsum",
+    "segment_amax",
+    "segment_amin",
     "segment_log_softmax",
     "segment_logsumexp",
     "segment_max",

@@ -36,50 +36,67 @@ def _ties(values: Tensor, segments: Tensor, extremum: Tensor) -> Tensor:
     return hit
 
 
-def _extremum(
-    values: Tensor, segments: Tensor, num_segments: int, largest: bool
-) -> tuple[Tensor, Tensor]:
-    rest = values.shape[1:]
+def _reduce(values: Tensor, segments: Tensor, num_segments: int, largest: bool) -> Tensor:
     index = _column(segments, values).expand_as(values)
-    start = values.new_full((num_segments, *rest), identity(values.dtype, largest))
+    start = values.new_full((num_segments, *values.shape[1:]), identity(values.dtype, largest))
     reduce = "amax" if largest else "amin"
-    extremum = torch.scatter_reduce(start, 0, index, values, reduce, include_self=False)
-    # First (smallest packed index) row that attains the extremum, as torch.argmax.
+    return torch.scatter_reduce(start, 0, index, values, reduce, include_self=False)
+
+
+def _first_hit(values: Tensor, segments: Tensor, num_segments: int, extremum: Tensor) -> Tensor:
+    """Smallest packed index attaining each segment's extremum (as torch.argmax); -1 if none."""
     total = values.shape[0]
+    index = _column(segments, values).expand_as(values)
     rows = _column(torch.arange(total, device=values.device), values)
     candidates = torch.where(_ties(values, segments, extremum), rows, total)
     first = torch.full(
-        (num_segments, *rest), total, dtype=torch.int64, device=values.device
+        (num_segments, *values.shape[1:]), total, dtype=torch.int64, device=values.device
     ).scatter_reduce(0, index, candidates.expand_as(values), "amin", include_self=True)
-    arg = torch.where(first == total, -1, first)
-    return extremum, arg
+    return torch.where(first == total, -1, first)
 
 
 class _SegmentExtremum(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(
-        values: Tensor, segments: Tensor, num_segments: int, largest: bool
-    ) -> tuple[Tensor, Tensor]:
-        return _extremum(values, segments, num_segments, largest)
+    def forward(values: Tensor, segments: Tensor, num_segments: int, largest: bool) -> Tensor:
+        return _reduce(values, segments, num_segments, largest)
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         values, segments, num_segments, _ = inputs
-        extremum, arg = output
-        ctx.mark_non_differentiable(arg)
-        ctx.save_for_backward(values, segments, extremum)
+        ctx.save_for_backward(values, segments, output)
         ctx.num_segments = num_segments
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor, _grad_arg: Any) -> tuple[Tensor | None, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
         values, segments, extremum = ctx.saved_tensors
         hit = _ties(values, segments, extremum).to(grad.dtype)
         ties = segment_sum(hit, segments, ctx.num_segments)
         # An empty segment has no tie and no row to receive its gradient.
         share = grad / torch.where(ties > 0, ties, torch.ones_like(ties))
         return broadcast(share, segments) * hit, None, None, None
+
+
+def segment_amax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    """Largest row of each segment, ``[S, *rest]``; the identity for an empty segment.
+
+    Args:
+        values: ``[T, *rest]`` (float, integer or bool).
+        segments: ``[T]`` int64 output row of each packed row.
+        num_segments: ``S``.
+
+    Returns:
+        ``[S, *rest]``: -inf (or the dtype's minimum) where a segment has no
+        rows. Ties share the gradient evenly, as ``torch.amax``. One
+        ``scatter_reduce`` forward; the backward recomputes the tie pattern.
+    """
+    return _SegmentExtremum.apply(values, segments, num_segments, True)
+
+
+def segment_amin(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    """Smallest row of each segment; +inf (or the dtype's maximum) for an empty one."""
+    return _SegmentExtremum.apply(values, segments, num_segments, False)
 
 
 def segment_max(values: Tensor, segments: Tensor, num_segments: int) -> tuple[Tensor, Tensor]:
@@ -92,10 +109,13 @@ def segment_max(values: Tensor, segments: Tensor, num_segments: int) -> tuple[Te
 
     Returns:
         ``(max [S, *rest], arg [S, *rest] int64)``. A segment without rows has
-        the identity (-inf, or the dtype's minimum) and arg -1. Ties share the
-        gradient evenly, as ``torch.amax``.
+        the identity (-inf, or the dtype's minimum) and arg -1. The maximum is
+        :func:`segment_amax` (differentiable); the index is not.
     """
-    return _SegmentExtremum.apply(values, segments, num_segments, True)
+    extremum = segment_amax(values, segments, num_segments)
+    with torch.no_grad():
+        arg = _first_hit(values.detach(), segments, num_segments, extremum.detach())
+    return extremum, arg
 
 
 def segment_min(values: Tensor, segments: Tensor, num_segments: int) -> tuple[Tensor, Tensor]:
@@ -103,4 +123,7 @@ def segment_min(values: Tensor, segments: Tensor, num_segments: int) -> tuple[Te
 
     Like :func:`segment_max` with +inf (or the dtype's maximum) for empty segments.
     """
-    return _SegmentExtremum.apply(values, segments, num_segments, False)
+    extremum = segment_amin(values, segments, num_segments)
+    with torch.no_grad():
+        arg = _first_hit(values.detach(), segments, num_segments, extremum.detach())
+    return extremum, arg

@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._extrema import segment_max
+from ._extrema import segment_amax
 from ._segment import broadcast, segment_sum
 
 
 def _shift(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     """Per-segment max (a constant for the softmax family); 0 where it is not finite."""
     with torch.no_grad():
-        peak, _ = segment_max(values.detach(), segments, num_segments)
+        peak = segment_amax(values.detach(), segments, num_segments)
     return torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
 
 

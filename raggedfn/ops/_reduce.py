@@ -30,6 +30,8 @@ from .._index import coordinates
 from .._prims import (
     broadcast,
     identity,
+    segment_amax,
+    segment_amin,
     segment_logsumexp,
     segment_max,
     segment_mean,
@@ -166,7 +168,7 @@ def _extremum(fn: str, x: Ragged, dim: Dim, keepdim: bool, largest: bool) -> Res
             return full_result(x, empty.to(values.device), keepdim)
         return full_result(x, values.amax() if largest else values.amin(), keepdim)
     p = plan(x, axes)
-    prim = segment_max if largest else segment_min
+    prim = segment_amax if largest else segment_amin
     if p.segments is not None and p.dense_dims:
         # One segment reduction over rows and dense axes together, so that ties
         # across both share the gradient evenly, as in torch.amax.
@@ -175,7 +177,7 @@ def _extremum(fn: str, x: Ragged, dim: Dim, keepdim: bool, largest: bool) -> Res
         per_row = _size(moved, inner)
         flat = moved.reshape(moved.shape[0] * per_row, *moved.shape[1 + len(inner) :])
         segments = torch.repeat_interleave(p.segments, per_row, output_size=flat.shape[0])
-        reduced = prim(flat, segments, p.num_segments)[0]
+        reduced = prim(flat, segments, p.num_segments)
         shape = [p.num_segments, *values.shape[1:]]
         for d in p.dense_dims:
             shape[d] = 1
@@ -185,7 +187,7 @@ def _extremum(fn: str, x: Ragged, dim: Dim, keepdim: bool, largest: bool) -> Res
         return v.amax(dims, keepdim=True) if largest else v.amin(dims, keepdim=True)
 
     def segment(v: Tensor, segments: Tensor, num: int, _counts: Tensor) -> Tensor:
-        return prim(v, segments, num)[0]
+        return prim(v, segments, num)
 
     return finish(x, p, apply(p, values, dense, segment), keepdim)
 
