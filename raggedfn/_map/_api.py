@@ -18,8 +18,8 @@ from ._trace import Plan, is_ragged_leaf, leaf_kinds, signature, trace
 
 logger = logging.getLogger("raggedfn.map")
 
-# (function, in_dims, signature) -> Plan, or the reason tracing failed (str)
-_CACHE: dict[Any, Plan | str] = {}
+# (function, in_dims, structure, signature) -> {size classes: Plan or why tracing failed}
+_CACHE: dict[Any, dict[tuple[int, ...], Plan | str]] = {}
 
 
 def _normalize_in_dims(fn: str, in_dims: Any, count: int) -> tuple[Any, ...]:
@@ -73,6 +73,39 @@ def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ..
     return dims, leaves, treespec, kinds, batch_sizes[0]
 
 
+def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
+    """For every ragged axis of every mapped input: the first axis whose sizes equal its
+    own in every sample (one host sync). Equal axes share one symbol in the trace, so
+    ``p + p.transpose(0, 1)`` on square pair states, or pair and token inputs of the
+    same length, trace without a size mismatch."""
+    columns = [
+        leaf.sizes[:, k]
+        for leaf, kind in zip(leaves, kinds, strict=True)
+        if kind == "ragged"
+        for k in range(leaf.num_ragged)
+    ]
+    if len(columns) < 2:
+        return tuple(range(len(columns)))
+    table = torch.stack(columns, 1)
+    equal = (table[:, :, None] == table[:, None, :]).all(0).tolist()
+    return tuple(row.index(True) for row in equal)
+
+
+def _assert_classes(leaves: list[Any], kinds: list[str], classes: tuple[int, ...]) -> None:
+    """While compiling: the cached plan's size classes must hold (checked on device)."""
+    columns = [
+        leaf.sizes[:, k]
+        for leaf, kind in zip(leaves, kinds, strict=True)
+        if kind == "ragged"
+        for k in range(leaf.num_ragged)
+    ]
+    for a, c in enumerate(classes):
+        if c != a:
+            torch._assert_async(
+                (columns[a] == columns[c]).all(), "raggedfn.map: ragged sizes differ from the trace"
+            )
+
+
 def _plan_for(
     f: Callable[..., Any],
     args: tuple[Any, ...],
@@ -82,16 +115,34 @@ def _plan_for(
     kinds: list[str],
 ) -> Plan | str:
     key = (f, dims, str(treespec), signature(leaves, kinds))
-    found = _CACHE.get(key)
+    variants = _CACHE.get(key)
+    if torch.compiler.is_compiling():
+        # no host sync here: use the plan traced eagerly for this signature
+        if variants is None or len(variants) != 1:
+            raise fail(
+                "map",
+                "inside torch.compile, f must have been traced for this input signature by one "
+                "eager call first (found "
+                f"{0 if variants is None else len(variants)} traces); call the step once eagerly",
+            )
+        for classes, plan in variants.items():
+            _assert_classes(leaves, kinds, classes)
+            return plan
+    classes = size_classes(leaves, kinds)
+    if variants is None:
+        variants = {}
+        _CACHE[key] = variants
+    found = variants.get(classes)
     if found is None:
         try:
             # trace outside any torch.func transform the call runs under
             with torch._C._DisableFuncTorch(), torch.enable_grad():
-                found = trace(f, args, dims, leaves, kinds, treespec)
+                found = trace(f, args, dims, leaves, kinds, treespec, classes)
         except Exception as error:  # data-dependent control flow, unsupported graph, ...
-            found = f"tracing failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            first = str(error).splitlines()[0] if str(error) else ""
+            found = f"tracing failed: {type(error).__name__}: {first}"
             logger.info("raggedfn.map: %s; running f per sample", found)
-        _CACHE[key] = found
+        variants[classes] = found
     return found
 
 

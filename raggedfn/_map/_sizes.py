@@ -64,13 +64,23 @@ def _t(a: Any, like: Any) -> Tensor:
     return torch.full_like(like, a) if isinstance(like, Tensor) else torch.tensor(a)
 
 
+def _nonzero(b: Any) -> Any:
+    # a guard such as Mod(s0, s0**2) is only meaningful for s0 > 0; with a zero
+    # divisor evaluate it as if dividing by 1 (the guard then decides, conservatively)
+    if isinstance(b, Tensor):
+        return torch.where(b == 0, torch.ones_like(b), b)
+    return b if b != 0 else 1
+
+
 def _floordiv(a: Any, b: Any) -> Any:
+    b = _nonzero(b)
     if _any_tensor(a, b):
         return torch.div(a, b, rounding_mode="floor")
     return a // b
 
 
 def _mod(a: Any, b: Any) -> Any:
+    b = _nonzero(b)
     if _any_tensor(a, b):
         return torch.remainder(a, b)
     return a % b
@@ -163,6 +173,22 @@ def _fold(fn: Callable[[Any, Any], Any], values: list[Any]) -> Any:
     return out
 
 
+def _exact_division(expr: Any) -> Any:
+    """``(s0**2) // s0`` -> ``s0``: torch keeps floor divisions that divide exactly
+    (reshapes inside decompositions make them); equal sizes need equal keys."""
+
+    def simplify(a: Any, b: Any) -> Any:
+        quotient = sympy.cancel(a / b)
+        _, denominator = sympy.fraction(quotient)
+        if denominator == 1 and quotient.is_polynomial():
+            return quotient
+        return symfn.FloorDiv(a, b)
+
+    if not expr.has(symfn.FloorDiv):
+        return expr
+    return expr.replace(symfn.FloorDiv, simplify)
+
+
 def sz_of(expr: Any) -> Sz | int:
     """A traced size (int or symbolic) as a static int or a :class:`Sz`."""
     if isinstance(expr, torch.SymInt):
@@ -171,6 +197,9 @@ def sz_of(expr: Any) -> Sz | int:
         return expr
     if isinstance(expr, sympy.Integer):
         return int(expr)
+    if not expr.free_symbols:
+        return int(expr)
+    expr = sympy.expand(_exact_division(expr))
     if not expr.free_symbols:
         return int(expr)
     return Sz(str(expr), compile_expr(expr))

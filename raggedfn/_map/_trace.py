@@ -13,7 +13,6 @@ the batched plan runs.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import operator
 from typing import Any
 
@@ -48,6 +47,8 @@ _STRIDE_FRAMES = {
     "_compute_contiguous_strides",
     "is_contiguous",
     "compute_required_storage_length",
+    "_reshape_view_helper_core_alg",
+    "_reshape_view_helper",
 }
 
 
@@ -149,7 +150,7 @@ def _fake(
     mode: FakeTensorMode, shape: tuple[int, ...], dynamic: list[bool], like: Tensor
 ) -> Tensor:
     ctx = StatelessSymbolicContext(
-        dynamic_sizes=[DimDynamic.DYNAMIC if d else DimDynamic.STATIC for d in dynamic]
+        dynamic_sizes=[DimDynamic.DUCK if d else DimDynamic.STATIC for d in dynamic]
     )
     real = torch.empty(shape, dtype=like.dtype, device=like.device)
     return mode.from_tensor(real, symbolic_context=ctx)
@@ -169,26 +170,24 @@ def _spec_of(val: Any) -> Any:
 
 
 def _stride_only(guard: Any) -> bool:
-    """Guards that decide memory layout only, never values.
+    """Guards the batched plan does not depend on.
 
-    Comparisons of one size with 1 made inside torch's own meta code (view vs
-    copy in reshape, contiguity, broadcasting checks whose equality guards are
-    kept) are of this kind; ``squeeze`` is the exception (it changes the shape).
+    Kept: every guard recorded in user code (a Python branch on a size), and
+    every equality recorded inside torch (broadcasting two sizes together).
+    Dropped: other comparisons made inside torch's meta functions and
+    decompositions, which decide strides, view-vs-copy, contiguity or raise
+    on shapes the per-sample call would reject; they never change values. Sizes 0
+    and 1 are the usual cause (e.g. ``Ne(s0, 1)`` from a contiguity check).
+    ``squeeze`` records no guard at all; its rule checks sizes itself.
     """
     loc = getattr(getattr(guard, "sloc", None), "framework_loc", None)
     name = getattr(loc, "name", "") or ""
     line = getattr(loc, "line", "") or ""
-    filename = getattr(loc, "filename", "") or ""
+    filename = (getattr(loc, "filename", "") or "").replace("\\", "/")
     if name in _STRIDE_FRAMES or "contiguous" in line:
         return True
-    expr = guard.expr
-    internal = "/torch/" in filename.replace("\\", "/") and "squeeze" not in (name + line)
-    size_one = (
-        isinstance(expr, (sympy.Ne, sympy.StrictLessThan, sympy.StrictGreaterThan))
-        and len(expr.free_symbols) == 1
-        and 1 in (expr.lhs, expr.rhs)
-    )
-    return internal and size_one
+    internal = "/torch/" in filename
+    return internal and not isinstance(guard.expr, sympy.Eq)
 
 
 def trace(
@@ -198,14 +197,17 @@ def trace(
     leaves: list[Any],
     kinds: list[str],
     treespec: Any,
+    classes: tuple[int, ...],
 ) -> Plan:
     """Trace ``fn`` on symbolic example samples; raises on data-dependent control flow."""
     import time
 
     start = time.perf_counter()
-    env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
+    # duck shaping gives axes with equal example sizes one symbol: equal classes
+    # (see size_classes) share a hint, every other axis has a distinct one
+    env = ShapeEnv(specialize_zero_one=False, duck_shape=True)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
-    hints = itertools.cycle(_HINTS)
+    axis_hints = iter([_HINTS[c % len(_HINTS)] for c in classes])
     fakes: list[Tensor] = []
     placeholders: list[int] = []
     lk: list[LeafKind] = []
@@ -213,8 +215,9 @@ def trace(
         if kind == "ragged":
             dense = tuple(leaf.values.shape[1:])
             shape, dynamic = [], []
+            leaf_hints = [next(axis_hints) for _ in range(leaf.layout.num_ragged)]
             for a in leaf.layout.axes:
-                shape.append(next(hints) if a.ragged else dense[a.index])
+                shape.append(leaf_hints[a.index] if a.ragged else dense[a.index])
                 dynamic.append(a.ragged)
             fake = _fake(mode, tuple(shape), dynamic, leaf.values)
             symbols: list[str] = [""] * leaf.layout.num_ragged

@@ -200,8 +200,10 @@ def align(
     """
     n = len(shape)
     ragged_pos = {p: a.index for p, a in enumerate(layout.axes) if a.ragged}
-    dense_want = sorted((a.index, p) for p, a in enumerate(layout.axes) if not a.ragged)
-    want = [p for _, p in dense_want]
+    want = [0] * layout.num_dense  # logical position of each dense storage axis
+    for p, a in enumerate(layout.axes):
+        if not a.ragged:
+            want[a.index] = p
     if isinstance(operand, SymB):
         operand = DenseB(ctx.eval(operand.sz))
     if not isinstance(operand, (Tensor, DenseB, RaggedB)):

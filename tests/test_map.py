@@ -1,0 +1,439 @@
+"""raggedfn.map: equal to the per-sample loop, fallbacks, reports, models, composition."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import raggedfn
+from property_tests.reference import assert_same, loop, pack_like, samples
+from raggedfn import RaggedError
+
+D = 8
+
+
+def tokens(lengths, dim=D, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return raggedfn.from_list([torch.randn(n, dim, generator=gen, dtype=dtype) for n in lengths])
+
+
+def pairs(lengths, channels=3, dtype=torch.float64, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return raggedfn.from_list(
+        [torch.randn(n, n, channels, generator=gen, dtype=dtype) for n in lengths],
+        ragged_dims=(1, 2),
+    )
+
+
+def weights(*shape, seed=2, dtype=torch.float64):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+W = weights(6, D)
+LENGTHS = (3, 0, 5, 1, 4)
+
+# per-sample functions of a token sample t: (N, D) and a shared weight w: (6, D)
+TOKEN_FUNCTIONS = {
+    "linear_relu": lambda t, w: F.linear(t, w).relu(),
+    "matmul_softmax_sum": lambda t, w: (t @ w.T).softmax(0).sum(0),
+    "log_softmax_dense": lambda t, w: F.log_softmax(t, -1),
+    "pair_outer_sum": lambda t, w: (t[:, None, :] + t[None, :, :]).sum(-1),
+    "attention_sdpa": lambda t, w: F.scaled_dot_product_attention(t[None], t[None], t[None])[0],
+    "attention_causal": lambda t, w: F.scaled_dot_product_attention(
+        t[None], t[None], t[None], is_causal=True
+    )[0],
+    "cat_constant_row": lambda t, w: torch.cat([w[:1, :D], t], 0),
+    "cat_dense_axis": lambda t, w: torch.cat([t, t * 2], -1),
+    "stack": lambda t, w: torch.stack([t, t.exp()], 0),
+    "layer_norm": lambda t, w: F.layer_norm(t, (D,)),
+    "rms_norm": lambda t, w: F.rms_norm(t, (D,)),
+    "mean_ragged": lambda t, w: t.mean(0),
+    "sum_all": lambda t, w: t.sum(),
+    "logsumexp_ragged": lambda t, w: t.logsumexp(0),
+    "norm_ragged": lambda t, w: torch.linalg.vector_norm(t, dim=0),
+    "attn_by_hand": lambda t, w: torch.softmax(t @ t.T / math.sqrt(D), -1) @ t,
+    "gram": lambda t, w: t.T @ t,
+    "cumsum_ragged": lambda t, w: t.cumsum(0),
+    "arange_weights": lambda t, w: t * torch.arange(t.shape[0], dtype=t.dtype)[:, None],
+    "slice_ragged": lambda t, w: t[1:] - t[:-1],
+    "transpose_reduce": lambda t, w: t.T.sum(-1, keepdim=True),
+    "where_masked_fill": lambda t, w: torch.where(t > 0, t, -t).masked_fill(t < -1, 0.5),
+    "size_as_scalar": lambda t, w: t / (t.shape[0] + 1),
+    "zeros_like_ones": lambda t, w: torch.zeros_like(t) + torch.ones(t.shape[0], 1, dtype=t.dtype),
+    "expand_reshape": lambda t, w: t[:, None, :].expand(-1, 2, -1).reshape(t.shape[0], 2 * D),
+    "select_dense": lambda t, w: t[:, 0] * t[:, 1],
+    "dropout_eval": lambda t, w: F.dropout(t, 0.5, training=False),
+    "gelu_silu": lambda t, w: F.gelu(t) + F.silu(t),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOKEN_FUNCTIONS))
+def test_token_functions_equal_the_loop(name):
+    f = TOKEN_FUNCTIONS[name]
+    x = tokens(LENGTHS)
+    report = raggedfn.map_report(f, x, W, in_dims=(0, None))
+    assert_same(report.output, loop(f, x, W))
+    assert report.fully_batched, str(report)
+
+
+def test_reductions_of_nonempty_samples():
+    x = tokens((3, 2, 5))
+    for f in (
+        lambda t: t.amax(0),
+        lambda t: t.amin(0),
+        lambda t: t.argmax(0),
+        lambda t: t.argmin(0),
+        lambda t: t.std(0, correction=0),
+        lambda t: t.var(0),
+        lambda t: t.prod(0),
+    ):
+        report = raggedfn.map_report(f, x)
+        assert_same(report.output, loop(f, x))
+        assert report.fully_batched, str(report)
+
+
+def test_empty_sample_policy_of_amax_and_argmax():
+    x = tokens((2, 0))
+    assert raggedfn.map(lambda t: t.amax(0), x)[1].eq(-math.inf).all()
+    assert raggedfn.map(lambda t: t.argmax(0), x)[1].eq(-1).all()
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda p: p.softmax(1).sum(1),
+        lambda p: p + p.transpose(0, 1),
+        lambda p: p.mean((0, 1)),
+        lambda p: F.linear(p, weights(4, 3)).relu().sum(0),
+        lambda p: p.permute(1, 0, 2).cumsum(0),
+        lambda p: p[:, :, 0] @ p[:, :, 1],
+    ],
+)
+def test_pair_state_functions_equal_the_loop(f):
+    x = pairs((3, 0, 2, 1))
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_several_arguments_dense_mapped_and_pytree_outputs():
+    x = tokens(LENGTHS)
+    scale = weights(len(LENGTHS), D, seed=5)
+    shared = {"w": W, "b": weights(6, seed=6)}
+
+    def f(t, s, p):
+        h = F.linear(t * s, p["w"], p["b"])
+        return {"tokens": h, "pooled": h.mean(0), "const": p["b"] * 2, "n": t.shape[0]}
+
+    out = raggedfn.map(f, x, scale, shared, in_dims=(0, 0, None))
+    expected = [f(t, s, shared) for t, s in zip(samples(x), scale, strict=True)]
+    assert_same(out["tokens"], [e["tokens"] for e in expected])
+    assert_same(out["pooled"], [e["pooled"] for e in expected])
+    assert_same(out["const"], [e["const"] for e in expected])
+    assert out["n"].tolist() == list(LENGTHS)
+
+
+def test_inputs_are_not_mutated():
+    x = tokens(LENGTHS)
+    version = x.values._version
+    raggedfn.map(lambda t: F.layer_norm(t, (D,)).softmax(0), x)
+    assert x.values._version == version
+
+
+def test_float32_and_requires_grad_inputs():
+    x = tokens(LENGTHS, dtype=torch.float32)
+    f = TOKEN_FUNCTIONS["attn_by_hand"]
+    assert_same(raggedfn.map(f, x, W.float(), in_dims=(0, None)), loop(f, x, W.float()))
+
+
+# ----- fallback, guards, strict -------------------------------------------------------
+
+
+def flip_then_sum(t):
+    return torch.flip(t, [0]).cumsum(0) * 2
+
+
+def test_op_without_rule_runs_per_sample_and_is_reported(caplog):
+    x = tokens(LENGTHS)
+    with caplog.at_level(logging.INFO, logger="raggedfn.map"):
+        report = raggedfn.map_report(flip_then_sum, x)
+    assert_same(report.output, loop(flip_then_sum, x))
+    assert "aten.flip.default" in report.fallback
+    assert not report.fully_batched
+    assert "aten.cumsum.default" in report.batched
+    assert "aten.flip.default" in str(report)
+
+
+def test_strict_names_the_op_without_rule():
+    with pytest.raises(RaggedError, match=r"map: op aten\.flip\.default has no batching rule"):
+        raggedfn.map(flip_then_sum, tokens(LENGTHS), strict=True)
+
+
+def data_dependent(t):
+    if t.sum() > 0:
+        return t * 2
+    return t
+
+
+def test_data_dependent_control_flow_runs_the_whole_loop():
+    x = tokens(LENGTHS)
+    report = raggedfn.map_report(data_dependent, x)
+    assert report.whole_loop is not None and "tracing failed" in report.whole_loop
+    assert_same(report.output, loop(data_dependent, x))
+    with pytest.raises(RaggedError, match="map: f could not be traced"):
+        raggedfn.map(data_dependent, x, strict=True)
+
+
+def branch_on_length(t):
+    return t * 2 if t.shape[0] > 3 else t
+
+
+def test_guard_on_a_size_is_checked_for_every_sample():
+    x = tokens((5, 2, 4))  # the trace sees a long example: the short sample breaks the guard
+    report = raggedfn.map_report(branch_on_length, x)
+    assert report.guards and "guard" in (report.whole_loop or "")
+    assert_same(report.output, loop(branch_on_length, x))
+    with pytest.raises(RaggedError, match="strict=True refuses"):
+        raggedfn.map(branch_on_length, x, strict=True)
+    long_only = tokens((5, 4, 6))
+    report = raggedfn.map_report(branch_on_length, long_only)
+    assert report.fully_batched
+    assert_same(report.output, loop(branch_on_length, long_only))
+
+
+def test_squeeze_of_a_ragged_axis_of_size_one_is_refused():
+    with pytest.raises(RaggedError, match="squeeze of ragged axis"):
+        raggedfn.map(lambda t: t[:, None].squeeze(), tokens((3, 1)))
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: raggedfn.map(lambda t: t, torch.ones(3), in_dims=None), "no argument is mapped"),
+        (lambda: raggedfn.map(lambda t, s: t, tokens((1, 2)), torch.ones(3, 2)), "disagree"),
+        (lambda: raggedfn.map(lambda t: t, tokens((1,)), in_dims=(0, 0)), "in_dims has 2"),
+        (lambda: raggedfn.map(lambda t: t, tokens((1,)), in_dims=1), "0 or None"),
+        (lambda: raggedfn.map(lambda t: t, [1, 2], in_dims=0), "must be a Ragged or a tensor"),
+    ],
+)
+def test_bad_arguments(call, match):
+    with pytest.raises(RaggedError, match=f"map: .*{match}"):
+        call()
+
+
+# ----- composition -------------------------------------------------------------------
+
+
+def mlp(t, p):
+    h = F.gelu(F.linear(t, p["w1"], p["b1"]))
+    return F.layer_norm(t + F.linear(h, p["w2"], p["b2"]), (D,))
+
+
+def mlp_params(dtype=torch.float64, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "w1": torch.randn(16, D, generator=gen, dtype=dtype) / 4,
+        "b1": torch.randn(16, generator=gen, dtype=dtype),
+        "w2": torch.randn(D, 16, generator=gen, dtype=dtype) / 4,
+        "b2": torch.randn(D, generator=gen, dtype=dtype),
+    }
+
+
+def test_grad_vjp_jacrev_match_the_loop():
+    x = tokens(LENGTHS)
+    params = mlp_params()
+
+    def loss(p):
+        return raggedfn.map(mlp, x, p, in_dims=(0, None)).values.pow(2).sum()
+
+    def loss_loop(p):
+        return sum(o.pow(2).sum() for o in loop(mlp, x, p))
+
+    got, want = torch.func.grad(loss)(params), torch.func.grad(loss_loop)(params)
+    for k in params:
+        torch.testing.assert_close(got[k], want[k])
+
+    def on_values(v):
+        return raggedfn.map(mlp, x.with_values(v), params, in_dims=(0, None)).values
+
+    out, pullback = torch.func.vjp(on_values, x.values)
+    cotangent = torch.randn_like(out)
+    (grad_values,) = pullback(cotangent)
+    per_sample = [t.clone().requires_grad_() for t in samples(x)]
+    outs = [mlp(t, params) for t in per_sample]
+    cot = samples(x.with_values(cotangent))
+    torch.autograd.backward(outs, cot)
+    torch.testing.assert_close(grad_values, pack_like([t.grad for t in per_sample], x))
+
+    small = tokens((2, 1), dim=D)
+    jac = torch.func.jacrev(
+        lambda v: raggedfn.map(mlp, small.with_values(v), params, in_dims=(0, None)).values
+    )(small.values)
+    parts = samples(small)
+    for i, t in enumerate(parts):
+        block = torch.autograd.functional.jacobian(lambda s: mlp(s, params), t)
+        start = sum(p.shape[0] for p in parts[:i])
+        n = t.shape[0]
+        torch.testing.assert_close(jac[start : start + n, :, start : start + n, :], block)
+
+
+def test_vmap_over_an_ensemble_of_parameters():
+    x = tokens(LENGTHS)
+    ensemble = [mlp_params(seed=s) for s in range(3)]
+    stacked = {k: torch.stack([p[k] for p in ensemble]) for k in ensemble[0]}
+    out = torch.func.vmap(lambda p: raggedfn.map(mlp, x, p, in_dims=(0, None)).values)(stacked)
+    for e, p in enumerate(ensemble):
+        torch.testing.assert_close(out[e], pack_like(loop(mlp, x, p), x))
+
+
+# ----- models written per sample, trained with torch.func.grad ----------------------------
+
+
+def bert_layer():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(D, 2, 16, dropout=0.0, batch_first=True)
+    return layer.double()
+
+
+def pairformer_block(p_state, s, params):
+    """Pair update from single features, triangle-style attention with pair bias, transition."""
+    n = s.shape[0]
+    outer = F.linear(s, params["left"])[:, None, :] * F.linear(s, params["right"])[None, :, :]
+    p_state = p_state + outer
+    bias = F.linear(p_state, params["bias"]).permute(2, 0, 1)  # (H, n, n)
+    q = F.linear(s, params["q"]).reshape(n, 2, -1).transpose(0, 1)
+    k = F.linear(s, params["k"]).reshape(n, 2, -1).transpose(0, 1)
+    v = F.linear(s, params["v"]).reshape(n, 2, -1).transpose(0, 1)
+    logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias
+    s = s + (logits.softmax(-1) @ v).transpose(0, 1).reshape(n, -1)
+    p_state = p_state + F.relu(F.linear(F.layer_norm(p_state, (3,)), params["trans"]))
+    return p_state, F.layer_norm(s, (D,))
+
+
+def pairformer_params():
+    gen = torch.Generator().manual_seed(7)
+
+    def r(*shape):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float64) / 3).requires_grad_()
+
+    return {
+        "left": r(3, D),
+        "right": r(3, D),
+        "bias": r(2, 3),
+        "q": r(D, D),
+        "k": r(D, D),
+        "v": r(D, D),
+        "trans": r(3, 3),
+    }
+
+
+BERT = bert_layer()
+
+
+def bert(t, p):
+    """One sample (N, D) through the layer as a batch of one."""
+    return torch.func.functional_call(BERT, p, (t[None],))[0]
+
+
+MODELS = {
+    "bert": lambda: (
+        bert,
+        {k: v.detach() for k, v in BERT.named_parameters()},
+        lambda lengths: (tokens(lengths),),
+    ),
+    "mlp": lambda: (mlp, mlp_params(), lambda lengths: (tokens(lengths),)),
+    "pairformer": lambda: (
+        lambda p_state, s, prm: pairformer_block(p_state, s, prm),
+        {k: v.detach() for k, v in pairformer_params().items()},
+        lambda lengths: (pairs(lengths), tokens(lengths, seed=9)),
+    ),
+}
+
+
+def _loss(outputs):
+    leaves = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    total = 0
+    for o in leaves:
+        total = total + (o.values if isinstance(o, raggedfn.Ragged) else o).pow(2).mean()
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_models_equal_the_loop_and_train(name):
+    f, params, make = MODELS[name]()
+    batch = make((4, 2, 6))
+    in_dims = (0,) * len(batch) + (None,)
+    report = raggedfn.map_report(f, *batch, params, in_dims=in_dims)
+    assert report.fully_batched, str(report)
+    expected = loop(f, *batch, params)
+    if isinstance(report.output, tuple):
+        for j, part in enumerate(report.output):
+            assert_same(part, [e[j] for e in expected])
+    else:
+        assert_same(report.output, expected)
+
+    def loss(p):
+        return _loss(raggedfn.map(f, *batch, p, in_dims=in_dims))
+
+    def loss_loop(p):
+        per = loop(f, *batch, p)
+        if isinstance(per[0], tuple):
+            cols = list(zip(*per, strict=True))
+            return sum(
+                sum(o.pow(2).sum() for o in col) / sum(o.numel() for o in col) for col in cols
+            )
+        return sum(o.pow(2).sum() for o in per) / sum(o.numel() for o in per)
+
+    trained = {k: v.clone().requires_grad_() for k, v in params.items()}
+    reference = {k: v.clone().requires_grad_() for k, v in params.items()}
+    opt = torch.optim.Adam(trained.values(), lr=1e-2)
+    opt_ref = torch.optim.Adam(reference.values(), lr=1e-2)
+    losses = []
+    for _ in range(3):
+        grads = torch.func.grad(loss)({k: v.detach() for k, v in trained.items()})
+        grads_ref = torch.func.grad(loss_loop)({k: v.detach() for k, v in reference.items()})
+        for k in trained:
+            torch.testing.assert_close(grads[k], grads_ref[k])
+            trained[k].grad, reference[k].grad = grads[k], grads_ref[k]
+        opt.step()
+        opt_ref.step()
+        losses.append(float(loss({k: v.detach() for k, v in trained.items()})))
+    assert losses[-1] < losses[0]
+    for k in trained:
+        torch.testing.assert_close(trained[k], reference[k])
+
+
+# ----- torch.compile -----------------------------------------------------------------------
+
+
+def test_compiled_training_step_has_no_graph_break_and_few_graphs():
+    params = mlp_params(torch.float32)
+    layout = raggedfn.Layout.standard(1, 1)
+
+    def step(values, offsets, sizes, p):
+        x = raggedfn.Ragged(values, offsets, sizes, layout)
+        return torch.func.grad_and_value(
+            lambda p: raggedfn.map(mlp, x, p, in_dims=(0, None)).values.pow(2).mean()
+        )(p)
+
+    def batch(i):
+        lengths = [3 + i, 2 + (i * 5) % 7, 4 + (i * 3) % 5][: 2 + i % 2]
+        x = tokens(lengths, dtype=torch.float32, seed=i)
+        return x.values, x.offsets, x.sizes
+
+    step(*batch(0), params)  # traces f outside the compiled region (cached per signature)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for i in range(10):
+        b = batch(i)
+        grads, value = compiled(*b, params)
+        grads_eager, value_eager = step(*b, params)
+        torch.testing.assert_close(value, value_eager)
+        for k in params:
+            torch.testing.assert_close(grads[k], grads_eager[k], rtol=1e-4, atol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
