@@ -72,6 +72,18 @@ def test_cross_state_from_two_token_batches(data, dtype, op) -> None:
     )
     expected_rows = int((x.sizes[:, 0] * y.sizes[:, 0]).sum())
     assert out.values.shape[0] == expected_rows  # only real elements, no padding
+    # a (B, M*, N*) state transposed against a (B, N*, M*) one: sizes columns swap
+    check(
+        lambda a, b: op(
+            raggedfn.unsqueeze(a, 2) * raggedfn.unsqueeze(b, 1),
+            raggedfn.transpose(raggedfn.unsqueeze(b, 2) - raggedfn.unsqueeze(a, 1), 1, 2),
+        ),
+        lambda a, b: op(
+            a.unsqueeze(1) * b.unsqueeze(0), (b.unsqueeze(1) - a.unsqueeze(0)).transpose(0, 1)
+        ),
+        x,
+        y,
+    )
     # broadcast the other way round: (B, 1, N*) against (B, M*, 1)
     check(
         lambda a, b: op(raggedfn.unsqueeze(a, 1), raggedfn.unsqueeze(b, 2)),

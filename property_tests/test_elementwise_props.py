@@ -106,6 +106,14 @@ def test_where(data, dtype) -> None:
     cond = relayout(x, data.draw(same_positions_layout(x.layout))) > 0
     check(raggedfn.where, torch.where, cond, x, y)
     check(lambda c, a: raggedfn.where(c, a, 0.5), lambda c, a: torch.where(c, a, 0.5), cond, x)
+    # a dense per-sample condition and a per-feature fallback tensor
+    shape = [x.batch_size] + [1 if s is None else s for s in x.shape[1:]]
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 1000)))
+    mask = torch.rand(shape, generator=gen) > 0.5
+    other_shape = shape[-1:] if x.shape[-1] is not None else []
+    other = torch.randn(other_shape, generator=gen, dtype=torch.float64).to(dtype)
+    other.requires_grad_(True)
+    check(raggedfn.where, torch.where, PerSample(mask), x, other)
 
 
 @SETTINGS
