@@ -49,12 +49,11 @@ def require_ragged(x: Any, fn: str) -> Ragged:
 
 def reduced_axes(x: Ragged, dim: int | Sequence[int] | None, fn: str) -> tuple[int, ...] | None:
     """Normalized sample axes to reduce, or ``None`` for a full reduction."""
-    chosen = dim
-    if chosen is not None and not isinstance(chosen, (list, tuple)):
-        chosen = (chosen,)  # normalize_axes then names a non-int axis in its message
-    if chosen is not None and len(chosen) == 0:
-        chosen = None  # torch reduces everything for dim=()
-    axes = normalize_axes(x, chosen, fn)
+    chosen: Sequence[int] | None = None
+    if dim is not None:
+        # A lone non-int reaches normalize_axes as one axis, to be named in its message.
+        chosen = tuple(dim) if isinstance(dim, (list, tuple)) else (dim,)  # type: ignore[assignment]
+    axes = normalize_axes(x, chosen or None, fn)  # torch reduces everything for dim=()
     if 0 not in axes:
         return axes
     if len(axes) == x.ndim:
