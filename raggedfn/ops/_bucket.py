@@ -123,7 +123,7 @@ def pad(x: Ragged, symbols: Sequence[str], buckets: Sequence[Bucket]) -> list[Te
         indices.append(torch.where(valid, linear, total).reshape(-1))
         shapes.append((count, *extents, *dense))
     padded_values = torch.cat([x.values, x.values.new_zeros((1, *dense))])
-    gathered = padded_values[torch.cat(indices)]
+    gathered = padded_values.index_select(0, torch.cat(indices))
     parts = torch.split(gathered, [idx.shape[0] for idx in indices])
     return [
         _to_logical(part.reshape(shape), x.layout)
@@ -189,7 +189,7 @@ def unpad(
     linear = start_t[segments]
     for k in range(num_ragged):
         linear = linear + coords[k] * stride_t[segments, k]
-    return Ragged(flat[linear], offsets, out_sizes, layout)
+    return Ragged(flat.index_select(0, linear), offsets, out_sizes, layout)
 
 
 def unpad_dense(parts: Sequence[Tensor], buckets: Sequence[Bucket], batch_size: int) -> Tensor:
@@ -199,7 +199,7 @@ def unpad_dense(parts: Sequence[Tensor], buckets: Sequence[Bucket], batch_size: 
     for slot, b in enumerate(order):
         position[b] = slot
     flat = torch.cat(list(parts))
-    return flat[torch.tensor(position, dtype=torch.int64, device=flat.device)]
+    return flat.index_select(0, torch.tensor(position, dtype=torch.int64, device=flat.device))
 
 
 def ragged_sizes(x: Ragged) -> list[list[int]]:
