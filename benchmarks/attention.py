@@ -59,7 +59,7 @@ def build_ragged(case: Case) -> Step:
 
 
 def build_padded(case: Case) -> Step:
-    qkv, cotangent, heads = _inputs(case)
+    qkv, cotangent, _ = _inputs(case)
     lengths = torch.tensor(case.lengths, dtype=torch.int64)
     padded = [
         raggedfn.to_padded(raggedfn.from_lengths(t, lengths)).transpose(1, 2).contiguous()
