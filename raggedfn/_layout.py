@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import torch
+
 
 class Axis(NamedTuple):
     """One logical axis of a sample: ragged axis ``index`` or dense axis ``index``.
@@ -33,6 +35,10 @@ class Layout:
     axes: tuple[Axis, ...]
 
     def __post_init__(self) -> None:
+        if torch.compiler.is_compiling():
+            # layouts built inside a compiled graph come from validated ones; dynamo
+            # cannot sort here (it may treat the ints as symbolic)
+            return
         ragged = sorted(a.index for a in self.axes if a.ragged)
         dense = sorted(a.index for a in self.axes if not a.ragged)
         if ragged != list(range(len(ragged))) or dense != list(range(len(dense))):
