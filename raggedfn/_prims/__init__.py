@@ -16,7 +16,9 @@ ctx, ``setup_context``, a backward built from other primitives,
 ``segment_max``/``segment_min`` add the non-differentiable arg index),
 ``segment_softmax``, ``segment_log_softmax``, ``segment_prod`` (exact with zeros,
 and vmap-able, unlike ``scatter_reduce``'s own rule). Everything else is a composite of
-differentiable torch ops, which is as fast and also supports forward-mode AD.
+differentiable torch ops, which is as fast and also supports forward-mode AD
+(``jacfwd``/``jvp``); the custom rules have no ``jvp`` (adding one breaks
+``torch.compile`` in torch 2.13), so forward-mode AD through them raises.
 """
 
 from ._extrema import identity, segment_amax, segment_amin, segment_max, segment_min

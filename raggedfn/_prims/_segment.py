@@ -104,8 +104,14 @@ def segment_cumsum(values: Tensor, starts: Tensor) -> Tensor:
     return (running - before.index_select(0, starts)).to(out_dtype)
 
 
-def pad(values: Tensor, segments: Tensor, positions: Tensor, num_segments: int,
-        max_length: int, fill: float = 0.0) -> Tensor:  # fmt: skip
+def pad(
+    values: Tensor,
+    segments: Tensor,
+    positions: Tensor,
+    num_segments: int,
+    max_length: int,
+    fill: float = 0.0,
+) -> Tensor:
     """Scatter packed rows into a padded ``[S, max_length, *rest]`` tensor.
 
     Args:
