@@ -142,3 +142,29 @@ def test_broadcast_tensors(data) -> None:
         ra, rb = torch.broadcast_tensors(s.unsqueeze(1), s.unsqueeze(0))
         torch.testing.assert_close(ea, ra)
         torch.testing.assert_close(eb, rb)
+
+
+@settings(deadline=None, max_examples=15)
+@given(x=raggeds(dtype=torch.float64, **TOKENS))
+def test_torch_func_through_created_axes_and_shape_ops(x) -> None:
+    """grad, jacrev and vmap (extra leading axis of values) through a pair state."""
+
+    def pair_loss(values):
+        t = x.with_values(values)
+        pair = raggedfn.unsqueeze(t, 2) * raggedfn.unsqueeze(t, 1)
+        pair = raggedfn.contiguous(raggedfn.transpose(pair, 1, 2))
+        return pair.values.sin().sum()
+
+    def reference(values):
+        total = torch.zeros((), dtype=torch.float64)
+        for s in samples(x.with_values(values)):
+            total = total + (s.unsqueeze(1) * s.unsqueeze(0)).transpose(0, 1).sin().sum()
+        return total
+
+    expected = torch.func.grad(reference)(x.values)
+    torch.testing.assert_close(torch.func.grad(pair_loss)(x.values), expected)
+    torch.testing.assert_close(torch.func.jacrev(pair_loss)(x.values), expected)
+    stack = torch.stack([x.values, 2 * x.values])
+    per_copy = torch.func.vmap(torch.func.grad(pair_loss))(stack)
+    for e in range(2):
+        torch.testing.assert_close(per_copy[e], torch.func.grad(reference)(stack[e]))
