@@ -112,7 +112,7 @@ def _pair_step(name: str, q: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.
     raise AssertionError(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def program(positions: tuple[int, ...], pair_steps: tuple[str, ...], steps: tuple[str, ...]):
     """One function object per description, so equal programs share a trace."""
 
