@@ -71,7 +71,9 @@ class _SegmentExtremum(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
         values, segments, extremum = ctx.saved_tensors
-        hit = _ties(values, segments, extremum).to(grad.dtype)
+        # Plain equality, as torch.amax's rule: a NaN extremum gets no gradient
+        # (isnan over every row would double the cost of this backward).
+        hit = (values == broadcast(extremum, segments)).to(grad.dtype)
         ties = segment_sum(hit, segments, ctx.num_segments)
         # An empty segment has no tie and no row to receive its gradient.
         share = grad / torch.where(ties > 0, ties, torch.ones_like(ties))
