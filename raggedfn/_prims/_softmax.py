@@ -30,6 +30,13 @@ def _softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     return exp / broadcast(segment_sum(exp, segments, num_segments), segments)
 
 
+def _softmax_forward(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    """:func:`_softmax` reusing its own fresh buffers (a Function's forward is not recorded)."""
+    out = values - broadcast(_shift(values, segments, num_segments), segments)
+    out.exp_()
+    return out.div_(broadcast(segment_sum(out, segments, num_segments), segments))
+
+
 def _log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     shifted = values - broadcast(_shift(values, segments, num_segments), segments)
     total = segment_sum(torch.exp(shifted), segments, num_segments)
@@ -41,7 +48,7 @@ class _SegmentSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
-        return _softmax(values, segments, num_segments)
+        return _softmax_forward(values, segments, num_segments)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
