@@ -47,6 +47,7 @@ ERRORS = [
     (lambda: raggedfn.norm(X, "nuc", 1), r"^norm: p must be a number, inf, -inf or 'fro', got 'nuc'"),
     (lambda: raggedfn.softmax(X, 0), r"^softmax: axis 0 is the batch axis and cannot be used here"),
     (lambda: raggedfn.log_softmax(X, 3), r"^log_softmax: axis 3 is out of range for a sample of rank 2"),
+    (lambda: raggedfn.softmax(X.to(torch.int64), 1), r"^softmax: x must have a floating point dtype \(or pass dtype=\), got torch.int64"),
     (lambda: raggedfn.softmax([1.0], 1), r"^softmax: x must be a Ragged value, got list \[1.0\]"),
     (lambda: raggedfn.cumsum(X, 0), r"^cumsum: axis 0 is the batch axis and cannot be used here"),
     (lambda: raggedfn.cumsum(X, 2.0), r"^cumsum: axis must be an int, got float 2.0"),

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .._axes import normalize_axis
+from .._errors import fail
 from .._index import line_starts, segment_ids
 from .._prims import segment_log_softmax, segment_softmax
 from .._ragged import Ragged
@@ -45,6 +46,8 @@ def _normalise(
     x = require_ragged(x, fn)
     ragged, index = static_axes(x.layout)[normalize_axis(x, dim, fn, allow_batch=False) - 1]
     values = x.values if dtype is None else x.values.to(dtype)
+    if not values.is_floating_point():
+        raise fail(fn, f"x must have a floating point dtype (or pass dtype=), got {values.dtype}")
     if not ragged:
         return x.with_values(dense(values, 1 + index))
     segments, num_segments = line_segments(x, index)
