@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .._errors import describe, fail
-from .._index import coordinates, offsets_of, segment_ids
+from .._index import offsets_of, segment_ids
 from .._layout import Layout
 from .._ragged import Ragged
 
@@ -34,7 +34,7 @@ __all__ = ["broadcast_tensors"]
 
 def _is_tracing(t: Tensor) -> bool:
     """True under torch.compile, fx or fake-tensor tracing (no data to compare)."""
-    if torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_tracing():
+    if torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing():
         return True
     from torch._subclasses.fake_tensor import is_fake
 
@@ -74,6 +74,25 @@ def ragged_positions(layout: Layout) -> dict[int, int]:
     return {p: a.index for p, a in enumerate(layout.axes) if a.ragged}
 
 
+def row_coordinates(offsets: Tensor, sizes: Tensor, total: int) -> tuple[Tensor, list[Tensor]]:
+    """Like ``_index.coordinates`` (same result), with ``index_select`` lookups.
+
+    Advanced indexing of ``sizes[segments, k]`` is several times slower on CPU;
+    this runs on every broadcast that creates a ragged axis.
+    """
+    segments = segment_ids(offsets, total)
+    rest = torch.arange(total, device=offsets.device) - offsets.index_select(0, segments)
+    num_ragged = sizes.shape[1]
+    coords: list[Tensor] = [rest] * num_ragged
+    for k in range(num_ragged - 1, 0, -1):
+        size_k = sizes[:, k].index_select(0, segments)
+        coords[k] = torch.remainder(rest, size_k)
+        rest = torch.div(rest, size_k, rounding_mode="floor")
+    if num_ragged:
+        coords[0] = rest
+    return segments, coords
+
+
 def gather_rows(
     x: Ragged,
     offsets: Tensor,
@@ -81,23 +100,28 @@ def gather_rows(
     layout: Layout,
     total: int,
     index: tuple[Tensor, list[Tensor]] | None = None,
+    values: Tensor | None = None,
 ) -> Tensor:
     """``x.values`` rows gathered into a result partition (``offsets``, ``sizes``, ``layout``).
 
     Every ragged axis of ``x`` must be ragged at the same logical position in
     ``layout``; the result's other ragged axes broadcast (``x`` repeats along them).
-    ``index`` is ``coordinates(offsets, sizes, total)`` when already computed.
+    ``index`` is ``coordinates(offsets, sizes, total)`` when already computed;
+    ``values`` replaces ``x.values`` (same rows, e.g. with axes squeezed).
     """
-    segments, coords = index if index is not None else coordinates(offsets, sizes, total)
+    segments, coords = index if index is not None else row_coordinates(offsets, sizes, total)
     result_k = ragged_positions(layout)
-    row = x.offsets[segments]
-    stride = torch.ones_like(row)
+    row = x.offsets.index_select(0, segments)
+    stride: Tensor | None = None  # None stands for 1 (the last ragged axis)
     position_of = {k: p for p, k in ragged_positions(x.layout).items()}
     for k in range(x.layout.num_ragged - 1, -1, -1):
-        row = row + coords[result_k[position_of[k]]] * stride
+        coord = coords[result_k[position_of[k]]]
+        row = row + (coord if stride is None else coord * stride)
         if k:
-            stride = stride * x.sizes[segments, k]
-    return x.values[row]
+            size = x.sizes[:, k].index_select(0, segments)
+            stride = size if stride is None else stride * size
+    # index_select: about 5x faster than advanced indexing on CPU for row gathers
+    return (x.values if values is None else values).index_select(0, row)
 
 
 def _sample_shape(op: Any) -> list[Any]:
@@ -208,11 +232,16 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
     for op in operands:
         if isinstance(op, Ragged):
             own = ragged_positions(op.layout)
+            # size-1 dense axes that broadcast against result ragged axes go first:
+            # gathering rows of a tensor with a trailing size-1 axis is ~10x slower
+            squeezed = sorted(op.layout.axes[p].index for p in result_k if p not in own)
+            values = op.values
+            if squeezed:
+                values = values.squeeze(tuple(1 + j for j in squeezed))
             if sorted(own) == ragged_at and all(result_k[p] == k for p, k in own.items()):
                 if op is not base:
                     check_equal(fn, "sizes", op.sizes, sizes)
                     check_equal(fn, "offsets", op.offsets, offsets)
-                values = op.values
             else:
                 for p, k in own.items():
                     same = op.sizes is sizes and k == result_k[p]
@@ -221,11 +250,8 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
                             fn, f"sizes along axis {p + 1}", op.sizes[:, k], sizes[:, result_k[p]]
                         )
                 if index is None:
-                    index = coordinates(offsets, sizes, total)
-                values = gather_rows(op, offsets, sizes, layout, total, index)
-            squeezed = sorted(op.layout.axes[p].index for p in result_k if p not in own)
-            if squeezed:
-                values = values.squeeze(tuple(1 + j for j in squeezed))
+                    index = row_coordinates(offsets, sizes, total)
+                values = gather_rows(op, offsets, sizes, layout, total, index, values)
             remaining = [j for j in range(op.layout.num_dense) if j not in squeezed]
             order = [remaining.index(op.layout.axes[p].index) for p in dense_order]
             if order != sorted(order):
@@ -236,7 +262,7 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
             if t.shape[0] != 1:
                 if segments is None:
                     segments = index[0] if index is not None else segment_ids(offsets, total)
-                t = t[segments]
+                t = t.index_select(0, segments)
             if result_k:
                 t = t.squeeze(tuple(1 + p for p in result_k))
             logical = sorted(dense_order)
