@@ -52,6 +52,20 @@ def _binary(fn: str, op: Callable[[Any, Any], Any], x: Any, y: Any) -> Any:
         if isinstance(x, Tensor) or isinstance(y, Tensor):
             return op(x, y)
         raise fail(fn, f"needs a Ragged or tensor operand, got {describe(x)} and {describe(y)}")
+    # fast paths (no alignment needed): a number, or the same partition and storage
+    if isinstance(x, Ragged) and isinstance(y, (int, float, bool)):
+        return Ragged(op(x.values, y), x.offsets, x.sizes, x.layout)
+    if isinstance(y, Ragged) and isinstance(x, (int, float, bool)):
+        return Ragged(op(x, y.values), y.offsets, y.sizes, y.layout)
+    if (
+        isinstance(x, Ragged)
+        and isinstance(y, Ragged)
+        and x.offsets is y.offsets
+        and x.sizes is y.sizes
+        and x.layout == y.layout
+        and x.values.shape == y.values.shape
+    ):
+        return Ragged(op(x.values, y.values), x.offsets, x.sizes, x.layout)
     (a, b), offsets, sizes, layout = align(fn, [x, y])
     return Ragged(op(a, b), offsets, sizes, layout)
 
