@@ -173,3 +173,28 @@ def test_compiled_chain_matches_eager_without_recompiling() -> None:
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(got_grad, want_grad)
     assert counters["stats"]["unique_graphs"] <= 2
+
+
+PAIR_OPS = {
+    "sum_rows": lambda x: raggedfn.sum(x, 1).values,
+    "amax_cols": lambda x: raggedfn.amax(x, 2).values,
+    "cumsum_outer": lambda x: raggedfn.cumsum(x, 1).values,
+    "softmax_outer": lambda x: raggedfn.softmax(x, 1).values,
+    "var_both": lambda x: raggedfn.var(x, (1, 2)),
+    "prod_rows": lambda x: raggedfn.prod(x, 1).values,
+    "logsumexp_cols": lambda x: raggedfn.logsumexp(x, 2).values,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAIR_OPS))
+def test_per_example_grads_over_two_ragged_axes(name: str) -> None:
+    x = pairs([[2, 3], [4, 1], [0, 5]])
+    op = PAIR_OPS[name]
+
+    def loss(values: torch.Tensor) -> torch.Tensor:
+        return op(x.with_values(values)).sin().sum()
+
+    stacked = torch.stack([x.values, 2 * x.values])
+    per_example = vmap(grad(loss))(stacked)
+    assert per_example.isfinite().all()
+    torch.testing.assert_close(per_example, torch.stack([grad(loss)(v) for v in stacked]))
