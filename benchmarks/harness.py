@@ -191,7 +191,8 @@ def _time_once(run: Callable[[], Any], device: str, number: int) -> float:
 
 def _calibrate(run: Callable[[], Any], device: str, min_time: float) -> int:
     """Calls per sample so one sample lasts at least ``min_time`` seconds."""
-    once = _time_once(run, device, 1)
+    # the median of three single runs: on a loaded machine one run can be 30x slower
+    once = statistics.median(_time_once(run, device, 1) for _ in range(3))
     return max(1, min(1000, math.ceil(min_time / max(once, 1e-7))))
 
 
@@ -247,8 +248,13 @@ def measure_case(
     warmup: int = 2,
     repeats: int = 7,
     min_time: float = 0.03,
+    max_seconds: float = 20.0,
 ) -> list[Cell]:
-    """Time every system of ``case`` against the padded baseline, alternating them."""
+    """Time every system of ``case`` against the padded baseline, alternating them.
+
+    Each system gets ``repeats`` rounds, or as many as fit in ``max_seconds``
+    (at least 3), so one pathological cell cannot stall the suite.
+    """
     ideal = suite.ideal_ratio(case)
     baseline = suite.build(case, BASELINE)
     expected = baseline.collect(baseline.run())
@@ -276,7 +282,10 @@ def measure_case(
             cell.status = _status_of(error)
             continue
         times, ratios = [], []
+        deadline = time.perf_counter() + max_seconds
         for r in range(repeats):
+            if r >= 3 and time.perf_counter() > deadline:
+                break
             # alternate which of the pair goes first, so neither always runs on a warm cache
             if r % 2:
                 t_sys = _time_once(step.run, case.device, number)
@@ -288,10 +297,10 @@ def measure_case(
             times.append(t_sys)
             ratios.append(t_sys / t_base)
         cell.time_ms = 1e3 * statistics.median(times)
-        cell.baseline_ms = 1e3 * statistics.median(base_times[-repeats:])
+        cell.baseline_ms = 1e3 * statistics.median(base_times[-len(times) :])
         cell.ratio = statistics.median(ratios)
         cell.fraction_of_ideal = ideal / cell.ratio
-        cell.rounds = repeats
+        cell.rounds = len(times)
         del step
     if BASELINE in systems:
         base_cell = next(c for c in cells if c.system == BASELINE)
@@ -438,8 +447,10 @@ def run_suite(
     memory: bool = True,
     only_workloads: Sequence[str] | None = None,
     systems: Sequence[str] | None = None,
+    max_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Measure every cell of ``suite`` and return the JSON-able record."""
+    max_seconds = (4.0 if quick else 12.0) if max_seconds is None else max_seconds
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     warmup = (1 if quick else 3) if warmup is None else warmup
@@ -456,7 +467,9 @@ def run_suite(
     for case in bar:
         if hasattr(bar, "set_postfix_str"):
             bar.set_postfix_str(f"{case.workload} {case.mode} {case.distribution}")
-        got = measure_case(suite, case, systems, warmup=warmup, repeats=repeats)
+        got = measure_case(
+            suite, case, systems, warmup=warmup, repeats=repeats, max_seconds=max_seconds
+        )
         if memory:
             for cell in got:
                 if cell.status == "ok":
@@ -471,6 +484,7 @@ def run_suite(
         "threads": threads,
         "warmup": warmup,
         "repeats": repeats,
+        "max_seconds": max_seconds,
         "torch": torch.__version__,
         "machine": machine(),
         "params": suite.params(quick),
@@ -580,7 +594,8 @@ def markdown_report(record: dict[str, Any]) -> str:
         "",
         f"`{record['command']}` on {m['cpu']} ({m['nproc']} CPUs), torch {record['torch']}, "
         f"{record['threads']} threads, {record['warmup']} warm-up runs, median of "
-        f"{record['repeats']} rounds, {record['created']}.",
+        f"{record['repeats']} rounds (at least 3, fewer where a system used up its "
+        f"{record.get('max_seconds', '?')} s budget), {record['created']}.",
         "",
     ]
     return "\n".join(head) + markdown_table(record)

@@ -169,8 +169,8 @@ def test_memory_is_measured_in_a_subprocess():
     case = tiny_case("softmax", "fwd", torch.float32)
     case = Case(**{**case.__dict__, "lengths": (64, 8), "params": {**case.params, "dim": 256}})
     got = harness.measure_memory(case, "padded", threads=1)
-    assert got is not None and got >= 0
-    assert harness.measure_memory(case, "no-such-system", threads=1) is None
+    # [2, 64, 256] float32 padded input: masked_fill and softmax each make a 128 KiB copy
+    assert got is not None and 0 <= got < 64
 
 
 # ----- writers ----------------------------------------------------------------------------
