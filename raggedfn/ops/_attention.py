@@ -161,6 +161,19 @@ def attention(
         >>> out.shape, out.lengths.tolist()
         ((2, None, 2, 8), [3, 5])
     """
+    return _attention(q, k, v, bias, key_padding, causal, scale)
+
+
+@torch.compiler.disable  # reads sizes on the host (buckets, per-sample calls): eager when compiled
+def _attention(
+    q: Ragged,
+    k: Ragged,
+    v: Ragged,
+    bias: Ragged | Tensor | None,
+    key_padding: Ragged | None,
+    causal: bool,
+    scale: float | None,
+) -> Ragged:
     fn = "attention"
     q = _check_tokens(fn, "q", q)
     r = q.num_ragged
@@ -244,7 +257,7 @@ def attention(
         except (RuntimeError, NotImplementedError):
             pass
 
-    if 0 < q.batch_size <= LOOP_MAX_BATCH and not torch.compiler.is_compiling():
+    if 0 < q.batch_size <= LOOP_MAX_BATCH:
         return _per_sample(q, k, v, bias, key_padding, causal, scale)
 
     buckets = _bucket.plan(sizes, q.batch_size)

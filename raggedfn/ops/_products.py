@@ -83,7 +83,7 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
     if not any(isinstance(op, Ragged) for op in operands):
         return torch.einsum(equation, *operands)
     batch_letter = ""
-    ragged_sizes: dict[str, list[int]] = {}
+    ragged_letters: set[str] = set()
     dense_letters: set[str] = set()
     symbols_of: list[list[str]] = []
     batch_size = -1
@@ -105,19 +105,12 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
             if batch_size >= 0 and op.batch_size != batch_size:
                 raise fail(fn, f"operand {n} has {op.batch_size} samples, expected {batch_size}")
             batch_size = op.batch_size
-            columns = _bucket.ragged_sizes(op)
             symbols = [""] * op.num_ragged
             for p, axis in enumerate(op.layout.axes):
                 letter = sub[1 + p]
                 if axis.ragged:
                     symbols[axis.index] = letter
-                    known = ragged_sizes.setdefault(letter, columns[axis.index])
-                    if known != columns[axis.index]:
-                        raise fail(
-                            fn,
-                            f"ragged axis {letter!r} has sizes {known} in one operand and "
-                            f"{columns[axis.index]} in operand {n}",
-                        )
+                    ragged_letters.add(letter)
                 else:
                     dense_letters.add(letter)
             symbols_of.append(symbols)
@@ -132,7 +125,7 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
         else:
             raise fail(fn, f"operand {n} must be a Ragged value or a tensor, got {describe(op)}")
     dense_letters.discard(batch_letter)
-    mixed = sorted(set(ragged_sizes) & dense_letters)
+    mixed = sorted(ragged_letters & dense_letters)
     if mixed:
         raise fail(fn, f"letters {mixed} are ragged in one operand and dense in another")
     for n, (op, sub) in enumerate(zip(operands, inputs, strict=True)):
@@ -145,7 +138,7 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
                 )
     if not rhs or rhs[0] != batch_letter:
         raise fail(fn, f"the output {rhs!r} must start with the batch letter {batch_letter!r}")
-    out_positions = tuple(p for p, c in enumerate(rhs[1:]) if c in ragged_sizes)
+    out_positions = tuple(p for p, c in enumerate(rhs[1:]) if c in ragged_letters)
     out_symbols = [rhs[1 + p] for p in out_positions]
     out_layout = Layout.from_ragged_positions(len(rhs) - 1, out_positions)
 
@@ -160,6 +153,36 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
         if out_symbols == symbols_of[n]:
             return _packed(equation, operands, inputs, rhs, n, out_layout)
 
+    return _bucketed(inputs, rhs, operands, symbols_of, batched_dense, out_symbols, out_layout)
+
+
+@torch.compiler.disable  # bucket planning reads sizes on the host: runs eagerly when compiled
+def _bucketed(
+    inputs: list[str],
+    rhs: str,
+    operands: tuple[Ragged | Tensor, ...],
+    symbols_of: list[list[str]],
+    batched_dense: list[int],
+    out_symbols: list[str],
+    out_layout: Layout,
+) -> Ragged | Tensor:
+    """Per-sample einsum, one batched dense einsum per length bucket."""
+    fn = "einsum"
+    ragged_sizes: dict[str, list[int]] = {}
+    batch_size = 0
+    for n, op in enumerate(operands):
+        if not isinstance(op, Ragged):
+            continue
+        batch_size = op.batch_size
+        columns = _bucket.ragged_sizes(op)
+        for k, letter in enumerate(symbols_of[n]):
+            known = ragged_sizes.setdefault(letter, columns[k])
+            if known != columns[k]:
+                raise fail(
+                    fn,
+                    f"ragged axis {letter!r} has sizes {known} in one operand and "
+                    f"{columns[k]} in operand {n}",
+                )
     buckets = _bucket.plan(ragged_sizes, batch_size)
     per_operand: list[list[Any]] = []
     for n, op in enumerate(operands):

@@ -1,0 +1,181 @@
+"""attention: both implementations, errors, gradcheck, masking policy; compiled Pairformer block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+import raggedfn
+from benchmarks import pairformer
+from property_tests._pairs_helpers import tight_buckets
+from property_tests.reference import assert_same, samples
+from property_tests.test_attention_props import sdpa_sample
+from raggedfn import Ragged, RaggedError
+from raggedfn.ops import _attention
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+
+
+def tokens(lengths, heads=2, dim=3, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(sum(lengths), heads, dim, generator=gen, dtype=dtype)
+    return raggedfn.from_lengths(values, torch.tensor(lengths, dtype=torch.int64))
+
+
+def pair_bias(n_lengths, m_lengths, heads=2, dtype=torch.float64, seed=9):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.tensor(list(zip(n_lengths, m_lengths, strict=True)), dtype=torch.int64)
+    count = sum(n * m for n, m in zip(n_lengths, m_lengths, strict=True))
+    return raggedfn.from_sizes(torch.randn(count, heads, generator=gen, dtype=dtype), sizes)
+
+
+def test_bucketed_path_for_large_batches_matches_per_sample_sdpa():
+    lengths = [int(n) for n in torch.randint(0, 30, (_attention.LOOP_MAX_BATCH + 6,))]
+    q = tokens(lengths, dtype=torch.float32)
+    k = tokens(lengths, dtype=torch.float32, seed=1)
+    keys = raggedfn.from_lengths(torch.rand(sum(lengths)) < 0.3, lengths)
+    out = raggedfn.attention(q, k, k, key_padding=keys, causal=True)
+    expected = [
+        sdpa_sample(a, b, b, key_padding=p, causal=True)
+        for a, b, p in zip(samples(q), samples(k), samples(keys), strict=True)
+    ]
+    assert_same(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_gradcheck_and_gradgradcheck_float64(bucketed):
+    q, k, v = tokens([2, 0, 3]), tokens([3, 1, 2], seed=1), tokens([3, 1, 2], seed=2)
+    bias = pair_bias([2, 0, 3], [3, 1, 2])
+    keys = raggedfn.from_lengths(torch.tensor([False, True, False, True, False, False]), [3, 1, 2])
+
+    def f(qv, kv, vv, bv):
+        out = raggedfn.attention(
+            q.with_values(qv),
+            k.with_values(kv),
+            v.with_values(vv),
+            bias=bias.with_values(bv),
+            key_padding=keys,
+            causal=True,
+        )
+        return out.values
+
+    args = tuple(t.values.clone().requires_grad_(True) for t in (q, k, v, bias))
+    if bucketed:
+        with tight_buckets():
+            assert torch.autograd.gradcheck(f, args)
+            assert torch.autograd.gradgradcheck(f, args)
+    else:
+        assert torch.autograd.gradcheck(f, args)
+        assert torch.autograd.gradgradcheck(f, args)
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_fully_masked_rows_give_zeros_and_finite_grads(bucketed):
+    q = tokens([2, 2])
+    k = tokens([3, 0], seed=1)
+    keys = raggedfn.from_lengths(torch.tensor([True, True, True]), [3, 0])  # all keys ignored
+    values = k.values.clone().requires_grad_(True)
+    if bucketed:
+        with tight_buckets():
+            out = raggedfn.attention(q, k.with_values(values), k, key_padding=keys)
+    else:
+        out = raggedfn.attention(q, k.with_values(values), k, key_padding=keys)
+    assert torch.equal(out.values, torch.zeros_like(out.values))
+    (grad,) = torch.autograd.grad(out.values.sum(), values)
+    assert torch.isfinite(grad).all()
+
+
+def test_inputs_are_not_mutated():
+    q, k = tokens([2, 3]), tokens([1, 4], seed=1)
+    bias = pair_bias([2, 3], [1, 4])
+    before = [t.values._version for t in (q, k, bias)]
+    raggedfn.attention(q, k, k, bias=bias, causal=True)
+    with tight_buckets():
+        raggedfn.attention(q, k, k, bias=bias, causal=True)
+    assert [t.values._version for t in (q, k, bias)] == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"q": "q"}, "q must be a Ragged value, got str"),
+        ({"k": tokens([2, 3, 1])}, "q, k and v must have the same batch size, got 2, 3 and 2"),
+        ({"k": tokens([2, 3], dim=4)}, "disagree"),
+        ({"v": tokens([1, 1])}, "k and v must have the same partition"),
+        ({"bias": torch.ones(2, 5, 5)}, r"a dense bias must have shape \(\.\.\., H or 1, 1, 1\)"),
+        (
+            {"bias": pair_bias([2, 3], [2, 2])},
+            r"bias sizes \[\[2, 2\], \[3, 2\]\] must be \(N_i, M_i\)",
+        ),
+        ({"key_padding": tokens([2, 3])}, "key_padding must be a boolean Ragged value"),
+        ({"causal": 1}, "causal must be a bool, got int 1"),
+    ],
+)
+def test_errors(kwargs, message):
+    q = tokens([2, 3])
+    args = {"q": q, "k": q, "v": q, **kwargs}
+    q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+    with pytest.raises(RaggedError, match=message):
+        raggedfn.attention(q, k, v, **args)
+
+
+# ----- torch.compile: a Pairformer-style block ---------------------------------------------
+
+CHANNELS = 20  # 4 heads of 5; distinct from every B + 1 and T below (no duck sizing)
+LENGTHS = [[3, 5], [2, 6, 4], [7, 1, 3], [4, 4, 4], [5, 2, 6, 3], [6, 3]]
+
+
+def pair_batch(lengths, seed):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.tensor([[n, n] for n in lengths], dtype=torch.int64)
+    values = torch.randn(sum(n * n for n in lengths), CHANNELS, generator=gen)
+    return raggedfn.from_sizes(values, sizes)
+
+
+# dynamo reads .grad of the non-leaf tensors that re-enter a graph after an eager
+# (torch.compiler.disable) region; torch warns about its own access
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+def test_compiled_pairformer_block_equals_eager_with_few_graphs():
+    """Products and attention run eagerly inside the compiled block (torch.compiler.disable:
+    their bucket plan reads sizes on the host); the ops around them compile."""
+    params = pairformer.make_params(0, channels=CHANNELS, blocks=1)
+
+    def loss(z):
+        return (pairformer.ragged_model(z, params).values ** 2).sum()
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(loss)
+    for n, lengths in enumerate(LENGTHS):
+        z = pair_batch(lengths, n)
+        leaf = z.values.clone().requires_grad_(True)
+        got = compiled(z.with_values(leaf))
+        (got_grad,) = torch.autograd.grad(got, leaf)
+        leaf2 = z.values.clone().requires_grad_(True)
+        want = loss(z.with_values(leaf2))
+        (want_grad,) = torch.autograd.grad(want, leaf2)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-4)
+    graphs = counters["stats"]["unique_graphs"]
+    assert 0 < graphs <= 16, graphs  # 13 measured: 4 pieces between eager regions, fwd + bwd
+
+
+def test_dense_parts_of_the_block_compile_fullgraph():
+    params = pairformer.make_params(1, channels=CHANNELS, blocks=1)[0]
+    weight = torch.randn(CHANNELS, CHANNELS)
+
+    def dense_part(z: Ragged) -> Ragged:
+        return raggedfn.matmul(pairformer.ragged_transition(z, params), weight)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(dense_part, fullgraph=True)
+    for n, lengths in enumerate(LENGTHS):
+        z = pair_batch(lengths, 10 + n)
+        torch.testing.assert_close(compiled(z).values, dense_part(z).values, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] <= 3
