@@ -93,17 +93,11 @@ def graph_count() -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def compiled_runs():
-    """The chain compiled with ``dynamic=True`` (inductor) over 10 batches, run once.
-
-    ``specialize_int=True`` keeps the layout's axis numbers static: with
-    ``dynamic=True`` dynamo otherwise turns every int attribute of an input into
-    a symbol, including the static dim order (see docs/compile.md).
-    """
+    """The chain compiled with ``dynamic=True`` (inductor) over 10 batches, run once."""
     fresh_counters()
     compiled = torch.compile(pooled_loss, fullgraph=True, dynamic=True)
     params = make_params()
-    with torch._dynamo.config.patch(specialize_int=True):
-        runs = run_batches(compiled, params)
+    runs = run_batches(compiled, params)
     return params, runs, *graph_count()
 
 
@@ -180,3 +174,20 @@ def test_partitions_are_checked_inside_compiled_code() -> None:
     with pytest.raises(RuntimeError, match=r"add: operands have different partitions"):
         add(x, other)
     assert graph_count()[1] == 0
+
+
+def test_layout_changing_ops_compile_with_dynamic_true() -> None:
+    """Ops that build new layouts trace with ``dynamic=True``: the layout stays static."""
+    fresh_counters()
+
+    def pair_sum(x):
+        pair = raggedfn.unsqueeze(x, 2) * raggedfn.unsqueeze(x, 1)
+        pair = raggedfn.contiguous(raggedfn.transpose(pair, 1, 2))
+        pair = raggedfn.flatten(raggedfn.unsqueeze(pair, -1), 3, 4)
+        return raggedfn.sum(raggedfn.layer_norm(pair, DIM), (1, 2))
+
+    compiled = torch.compile(pair_sum, fullgraph=True, dynamic=True, backend="aot_eager")
+    for i, lengths in enumerate(LENGTHS[:4]):
+        x = raggedfn.from_lengths(torch.randn(sum(lengths), DIM, dtype=torch.float64), lengths)
+        torch.testing.assert_close(compiled(x), pair_sum(x), msg=f"batch {i}")
+    assert graph_count() == (1, 0)

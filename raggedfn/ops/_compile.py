@@ -7,9 +7,17 @@ from typing import Any
 import torch._dynamo
 import torch.utils._pytree as pytree
 
+from .._layout import Layout
 from .._ragged import Ragged
 
 __all__ = ["mark_dynamic"]
+
+# A Layout is static metadata. As a pytree constant, dynamo treats a Layout read
+# from an input as a constant guarded by ``__eq__``; otherwise
+# ``torch.compile(dynamic=True)`` turns its axis numbers into symbols and every op
+# that builds a new Layout (transpose, unsqueeze, ...) fails to trace.
+if Layout not in pytree.SUPPORTED_NODES:
+    pytree.register_constant(Layout)
 
 
 def mark_dynamic(*trees: Any) -> None:
