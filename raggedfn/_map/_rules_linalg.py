@@ -165,7 +165,8 @@ def _via_attention(q: RaggedB, k: RaggedB, v: RaggedB, causal: bool, scale: Any,
     from ..ops._attention import attention
 
     def tokens(x: RaggedB) -> Ragged:
-        values = x.values.reshape(x.values.shape[0], -1, x.values.shape[-1])
+        heads = math.prod(x.values.shape[1:-1])
+        values = x.values.reshape(x.values.shape[0], heads, x.values.shape[-1])
         return Ragged(values, x.struct.offsets, x.struct.sizes, Layout.standard(1, 2))
 
     out = attention(tokens(q), tokens(k), tokens(v), causal=causal, scale=scale)
@@ -231,3 +232,106 @@ def sdpa_rule(
     weights = weights / total[query_rows]
     out = segment(weights.unsqueeze(-1) * v.values[rows_k], query_rows, q.struct.total, "sum")
     return RaggedB(out.to(step.out.dtype), q.layout, q.sz, q.struct)
+
+
+# ----- einsum and group_norm -----------------------------------------------------------
+
+
+@rule(aten.einsum)
+def einsum_rule(ctx: Ctx, step: Any, equation: str, tensors: Any, path: Any = None) -> Any:
+    """Every ragged label becomes a coordinate of one packed iteration space; the dense
+    labels go to ``torch.einsum``; summed ragged labels are segment sums."""
+    equation = equation.replace(" ", "")
+    if "..." in equation or "->" not in equation:
+        raise Unsupported("einsum with '...' or without '->'")
+    inputs, output = equation.split("->")
+    subscripts = inputs.split(",")
+    if len(subscripts) != len(tensors):
+        raise Unsupported("einsum operand count")
+    sizes: dict[str, Any] = {}
+    for sub, t in zip(subscripts, tensors, strict=True):
+        if len(set(sub)) != len(sub):
+            raise Unsupported("einsum with a repeated label in one operand (diagonal)")
+        for label, size in zip(sub, _logical(t), strict=True):
+            sizes.setdefault(label, size)
+    ragged = [
+        label for label in dict.fromkeys(inputs.replace(",", "")) if isinstance(sizes[label], Sz)
+    ]
+    if not ragged:
+        raise Unsupported("einsum without ragged labels")
+    space = ctx.struct(tuple(sizes[label] for label in ragged))
+    segments = space.segments()
+    coords = dict(zip(ragged, space.coords(), strict=True))
+    row = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
+    operands, subs = [], []
+    for sub, t in zip(subscripts, tensors, strict=True):
+        if isinstance(t, RaggedB):
+            t = canonicalize(ctx, t)
+            own = [label for label in sub if label in coords]
+            operands.append(t.values[struct_rows(t.struct, segments, [coords[lb] for lb in own])])
+            subs.append(row + "".join(label for label in sub if label not in coords))
+        elif isinstance(t, DenseB):
+            operands.append(t.data[segments])
+            subs.append(row + sub)
+        elif isinstance(t, Tensor):
+            operands.append(t)
+            subs.append(sub)
+        else:
+            raise Unsupported("einsum of a per-sample size")
+    dense_out = "".join(label for label in output if label not in coords)
+    product = torch.einsum(",".join(subs) + "->" + row + dense_out, *operands)
+    kept = [label for label in output if label in coords]
+    out_shape = step.out.shape
+    if len(kept) != len(ragged):
+        if kept:
+            target = ctx.struct(tuple(sizes[label] for label in kept))
+            index = struct_rows(target, segments, [coords[label] for label in kept])
+            product = segment(product, index, target.total, "sum")
+        else:
+            product = segment(product, segments, ctx.batch_size, "sum")
+    elif kept != ragged:
+        raise Unsupported("einsum that reorders ragged labels")
+    positions = tuple(p for p, s in enumerate(out_shape) if isinstance(s, Sz))
+    if not positions:
+        return DenseB(product.reshape(ctx.batch_size, *out_shape))
+    layout = canonical_layout(len(out_shape), positions)
+    sz = sz_in_storage_order(out_shape, layout)
+    return RaggedB(product.to(step.out.dtype), layout, sz, ctx.struct(sz))
+
+
+@rule(aten.group_norm)
+def group_norm_rule(
+    ctx: Ctx,
+    step: Any,
+    x: Any,
+    groups: int,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = 1e-5,
+    cudnn_enabled: bool = True,
+) -> Any:
+    """``group_norm`` of one sample ``(N, C, *spatial)`` whose spatial axes are ragged."""
+    if is_batched(weight) or is_batched(bias) or not isinstance(x, RaggedB):
+        raise Unsupported("a per-sample weight")
+    shape = x.shape()
+    if len(shape) < 3 or any(isinstance(s, Sz) for s in shape[:2]):
+        raise Unsupported("group_norm with ragged batch or channel axes")
+    if not all(isinstance(s, Sz) for s in shape[2:]):
+        raise Unsupported("group_norm with mixed ragged and fixed spatial axes")
+    x = canonicalize(ctx, x)
+    n, c = shape[0], shape[1]
+    values = x.values.reshape(-1, n, groups, c // groups)  # [rows, N, G, C/G]
+    segments = x.struct.segments()
+    rows = x.struct.sizes.prod(dim=1).to(values.dtype) * (c // groups)
+    total = segment(values.sum(-1), segments, ctx.batch_size, "sum")
+    mean = total / rows[:, None, None]
+    centred = values - mean[segments].unsqueeze(-1)
+    var = (
+        segment((centred * centred).sum(-1), segments, ctx.batch_size, "sum") / rows[:, None, None]
+    )
+    out = (centred * torch.rsqrt(var + eps)[segments].unsqueeze(-1)).reshape(-1, n, c)
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return RaggedB(out.to(step.out.dtype), x.layout, x.sz, x.struct)

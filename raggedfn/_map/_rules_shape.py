@@ -198,7 +198,7 @@ def _take(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: 
     keeps_axis = len(out_shape) == x.layout.rank
     positions = _ragged_positions(out_shape)
     if keeps_axis and not isinstance(out_shape[dim], Sz):
-        raise Unsupported("slicing a ragged axis to a fixed size")
+        return _take_fixed(ctx, x, dim, out_shape, index_of)
     if positions:
         layout = canonical_layout(len(out_shape), positions)
         sz = sz_in_storage_order(out_shape, layout)
@@ -223,6 +223,37 @@ def _take(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: 
     return RaggedB(
         values.reshape(values.shape[0], *dense_shape(out_shape, layout)), layout, sz, struct
     )
+
+
+def _take_fixed(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: Any) -> Any:
+    """A ragged axis sliced to a fixed size ``m`` (e.g. ``x[:3]`` under the guard
+    ``s0 >= 3``): it becomes a dense axis; every kept row gathers ``m`` rows."""
+    k_dim = x.layout.axes[dim].index
+    m = int(out_shape[dim])
+    positions = _ragged_positions(out_shape)
+    if positions:
+        layout = canonical_layout(len(out_shape), positions)
+        sz = sz_in_storage_order(out_shape, layout)
+        struct = ctx.struct(sz)
+        segments = struct.segments()
+        out_coords = list(struct.coords())
+    else:
+        segments = torch.arange(ctx.batch_size, device=ctx.device)
+        out_coords = []
+        layout, sz, struct = None, (), None
+    segments = segments[:, None]
+    size = x.struct.sizes[segments, k_dim]
+    steps = torch.arange(m, device=ctx.device)[None, :]
+    coords: list[Any] = []
+    it = iter(out_coords)
+    for k in range(x.layout.num_ragged):
+        coords.append(index_of(steps, segments, size) if k == k_dim else next(it)[:, None])
+    values = x.values[struct_rows(x.struct, segments, coords)]  # [n, m, *dense]
+    before = sum(1 for q, a in enumerate(x.layout.axes) if not a.ragged and q < dim)
+    values = values.movedim(1, 1 + before)
+    if struct is None:
+        return DenseB(values.reshape(ctx.batch_size, *out_shape))
+    return RaggedB(values, layout, sz, struct)
 
 
 def _dense_axis_op(x: RaggedB, dim: int, fn: Any, removes: bool) -> RaggedB:

@@ -19,6 +19,7 @@ from typing import Any
 import sympy
 import torch
 import torch.utils._pytree as pytree
+import torch.utils._sympy.functions as symfn
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -49,7 +50,21 @@ _STRIDE_FRAMES = {
     "compute_required_storage_length",
     "_reshape_view_helper_core_alg",
     "_reshape_view_helper",
+    # validation in reference decompositions (e.g. amax inside logsumexp refuses an
+    # empty axis) that the eager per-sample kernel does not perform
+    "_reduction",
 }
+
+
+# ... and any torch-internal frame whose function name says it is about layout
+_STRIDE_WORDS = (
+    "stride",
+    "contiguous",
+    "view_helper",
+    "channels_last",
+    "non_overlapping",
+    "memory_format",
+)
 
 
 def is_ragged_leaf(value: Any) -> bool:
@@ -170,24 +185,40 @@ def _spec_of(val: Any) -> Any:
 
 
 def _stride_only(guard: Any) -> bool:
-    """Guards the batched plan does not depend on.
+    """Guards that decide strides, contiguity or view-vs-copy only, never values.
 
-    Kept: every guard recorded in user code (a Python branch on a size), and
-    every equality recorded inside torch (broadcasting two sizes together).
-    Dropped: other comparisons made inside torch's meta functions and
-    decompositions, which decide strides, view-vs-copy, contiguity or raise
-    on shapes the per-sample call would reject; they never change values. Sizes 0
-    and 1 are the usual cause (e.g. ``Ne(s0, 1)`` from a contiguity check).
-    ``squeeze`` records no guard at all; its rule checks sizes itself.
+    Every other guard is kept and checked per sample: branches in user code,
+    broadcasting equalities, slice clamping (``x[:3]`` records ``s0 >= 3``),
+    ``narrow`` bounds. The dropped ones come from torch's contiguity and
+    reshape-as-view helpers (often ``Ne(s0, 1)``), size-1 special cases inside
+    ``matmul``/``einsum`` and other C++ meta functions (``__call__`` frames: a
+    size-1 axis squeezed or broadcast gives the same values), and reshape's ``-1``
+    inference (a division that is only undefined for empty samples). This list is
+    a judgement about torch 2.13's meta code; see docs/map.md.
     """
     loc = getattr(getattr(guard, "sloc", None), "framework_loc", None)
     name = getattr(loc, "name", "") or ""
     line = getattr(loc, "line", "") or ""
     filename = (getattr(loc, "filename", "") or "").replace("\\", "/")
+    if "/torch/" not in filename:
+        return False  # user code: a real branch
     if name in _STRIDE_FRAMES or "contiguous" in line:
         return True
-    internal = "/torch/" in filename
-    return internal and not isinstance(guard.expr, sympy.Eq)
+    if any(word in name for word in _STRIDE_WORDS):
+        return True
+    expr = guard.expr
+    if any(isinstance(a, symfn.Max) and 1 in a.args for a in sympy.preorder_traversal(expr)):
+        return True  # Max(1, size) is a stride: a layout decision
+    compares_with_one = isinstance(
+        expr, (sympy.Ne, sympy.StrictLessThan, sympy.StrictGreaterThan)
+    ) and (1 in (expr.lhs, expr.rhs))
+    if name == "matmul" and not isinstance(expr, sympy.Eq):
+        return True  # the matmul decomposition's reshapes; equalities (broadcasting) stay
+    if name in ("__call__", "infer_size", "broadcast_shapes") and compares_with_one:
+        # size-1 special cases inside matmul/einsum kernels (squeeze vs broadcast of a
+        # size-1 axis gives the same values; equality guards for broadcasting are kept)
+        return True
+    return isinstance(expr, sympy.Ne) and 0 in (expr.lhs, expr.rhs) and expr.has(symfn.FloorDiv)
 
 
 def trace(
@@ -255,17 +286,21 @@ def trace(
     gm = make_fx(flat_fn, tracing_mode="symbolic", pre_dispatch=True)(*fakes)
     steps, outputs = _plan_steps(gm, len(fakes), [k.kind for k in lk if k.kind != "constant"])
     guards: list[tuple[str, Evaluator]] = []
-    raw = [g for g in env.guards if not _stride_only(g)]
-    exprs = [g.expr for g in raw]
+    found: list[tuple[Any, str]] = []
+    for g in env.guards:
+        if not _stride_only(g):
+            loc = getattr(g.sloc, "framework_loc", None)
+            where = f"{getattr(loc, 'filename', '?').rsplit('/', 1)[-1]}:{getattr(loc, 'lineno', '?')} in {getattr(loc, 'name', '?')}"
+            found.append((g.expr, where))
     for asserts in env.deferred_runtime_asserts.values():
-        exprs.extend(a.expr for a in asserts)
+        found.extend((a.expr, "runtime assert") for a in asserts)
     seen: set[str] = set()
-    for expr in exprs:
+    for expr, where in found:
         text = str(expr)
-        if text in seen or expr is True or str(expr) == "True":
+        if text in seen or text == "True":
             continue
         seen.add(text)
-        guards.append((text, compile_expr(expr)))
+        guards.append((f"{text} (from {where})", compile_expr(expr)))
     return Plan(
         steps, placeholders, lk, outputs, out_holder[-1], guards, time.perf_counter() - start
     )

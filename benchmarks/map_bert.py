@@ -1,0 +1,199 @@
+"""``raggedfn.map`` of a per-sample BERT-style layer vs padded and hand-written ragged code.
+
+Systems (same ``torch.nn.TransformerEncoderLayer`` parameters everywhere):
+
+- ``map``: ``raggedfn.map(bert, x, params)`` where ``bert`` runs the layer on one
+  sample ``(N, D)`` as a batch of one (``functional_call``);
+- ``padded``: the layer on ``[B, N_max, D]`` with ``src_key_padding_mask`` (eager);
+- ``padded compiled``: the same under ``torch.compile`` (inductor, static shapes);
+- ``hand-written``: the layer written with raggedfn ops (``linear``, ``attention``,
+  ``layer_norm``) on the packed batch.
+
+Usage: ``python -m benchmarks.map_bert [--quick] [--threads 1] [--repeats 5]``.
+Prints a markdown table (median ms, ratio to hand-written and to padded eager)
+and the trace time of ``map`` per signature.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import raggedfn
+from benchmarks.harness import DISTRIBUTIONS
+from raggedfn._map import _api as map_api
+
+D_MODEL, HEADS, FF = 256, 4, 1024
+
+
+def make_layer(dtype: torch.dtype = torch.float32) -> torch.nn.TransformerEncoderLayer:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, FF, dropout=0.0, batch_first=True)
+    return layer.to(dtype)
+
+
+def per_sample(layer: torch.nn.Module) -> Callable[..., Any]:
+    def bert(t: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.func.functional_call(layer, params, (t[None],))[0]
+
+    return bert
+
+
+def hand_written(x: raggedfn.Ragged, p: dict[str, torch.Tensor]) -> raggedfn.Ragged:
+    """The post-norm encoder layer written with raggedfn ops."""
+    qkv = raggedfn.linear(x, p["self_attn.in_proj_weight"], p["self_attn.in_proj_bias"])
+    values = qkv.values.reshape(-1, 3, HEADS, D_MODEL // HEADS)
+    q, k, v = (x.with_values(values[:, i]) for i in range(3))
+    # with_values on a standard layout adapts the dense axes: (B, N*, H, Dh)
+    attended = raggedfn.attention(q, k, v)
+    merged = x.with_values(attended.values.reshape(-1, D_MODEL))
+    out = raggedfn.linear(merged, p["self_attn.out_proj.weight"], p["self_attn.out_proj.bias"])
+    h = raggedfn.layer_norm(x + out, D_MODEL, p["norm1.weight"], p["norm1.bias"])
+    ff = raggedfn.linear(h, p["linear1.weight"], p["linear1.bias"])
+    ff = ff.with_values(F.relu(ff.values))
+    ff = raggedfn.linear(ff, p["linear2.weight"], p["linear2.bias"])
+    return raggedfn.layer_norm(h + ff, D_MODEL, p["norm2.weight"], p["norm2.bias"])
+
+
+def median_ms(run: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="lengths / 4, fewer repeats")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--no-compile", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    scale = 0.25 if args.quick else 1.0
+    lengths = DISTRIBUTIONS["lognormal"].lengths(args.batch, scale)
+    total, longest = sum(lengths), max(lengths)
+    gen = torch.Generator().manual_seed(0)
+    x = raggedfn.from_lengths(torch.randn(total, D_MODEL, generator=gen), torch.tensor(lengths))
+    padded = raggedfn.to_padded(x)
+    key_padding = ~raggedfn.mask(x)
+    layer = make_layer()
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    bert = per_sample(layer)
+
+    map_api._CACHE.clear()
+    start = time.perf_counter()
+    raggedfn.map(bert, x, params, in_dims=(0, None))
+    first_call = time.perf_counter() - start
+    report = raggedfn.map_report(
+        bert, x.to(torch.float64), {k: v.double() for k, v in params.items()}, in_dims=(0, None)
+    )
+    second_trace = report.trace_seconds
+    assert raggedfn.map_report(bert, x, params, in_dims=(0, None)).fully_batched
+
+    # agreement of every system with the padded layer (forward)
+    with torch.no_grad():
+        reference = layer(padded, src_key_padding_mask=key_padding)
+        expect = raggedfn.from_padded(reference, x.lengths).values
+        for name, got in (
+            ("map", raggedfn.map(bert, x, params, in_dims=(0, None)).values),
+            ("hand-written", hand_written(x, params).values),
+        ):
+            torch.testing.assert_close(got, expect, rtol=1e-4, atol=1e-4, msg=name)
+
+    trainable = {k: v.clone().requires_grad_() for k, v in params.items()}
+
+    def fwd_bwd(loss: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            value = loss()
+            torch.autograd.grad(value, list(trainable.values()))
+
+        return run
+
+    def padded_loss(module: Callable[..., torch.Tensor]) -> Callable[[], torch.Tensor]:
+        def loss() -> torch.Tensor:
+            out = (
+                torch.func.functional_call(
+                    layer, trainable, (padded,), {"src_key_padding_mask": key_padding}
+                )
+                if module is None
+                else module(padded, key_padding)
+            )
+            return (out.masked_fill(key_padding[..., None], 0) ** 2).sum()
+
+        return loss
+
+    systems: dict[str, dict[str, Callable[[], Any]]] = {
+        "map": {
+            "fwd": lambda: raggedfn.map(bert, x, params, in_dims=(0, None)),
+            "fwd+bwd": fwd_bwd(
+                lambda: (raggedfn.map(bert, x, trainable, in_dims=(0, None)).values ** 2).sum()
+            ),
+        },
+        "hand-written": {
+            "fwd": lambda: hand_written(x, params),
+            "fwd+bwd": fwd_bwd(lambda: (hand_written(x, trainable).values ** 2).sum()),
+        },
+        "padded": {
+            "fwd": lambda: torch.func.functional_call(
+                layer, params, (padded,), {"src_key_padding_mask": key_padding}
+            ),
+            "fwd+bwd": fwd_bwd(padded_loss(None)),
+        },
+    }
+    if not args.no_compile:
+
+        def padded_fn(p: dict[str, torch.Tensor], inputs: torch.Tensor, pad: torch.Tensor) -> Any:
+            return torch.func.functional_call(layer, p, (inputs,), {"src_key_padding_mask": pad})
+
+        compiled = torch.compile(padded_fn)
+        systems["padded compiled"] = {
+            "fwd": lambda: compiled(params, padded, key_padding),
+            "fwd+bwd": fwd_bwd(padded_loss(lambda a, m: compiled(trainable, a, m))),
+        }
+
+    results: dict[str, dict[str, float]] = {}
+    for name, modes in systems.items():
+        results[name] = {}
+        for mode, run in modes.items():
+            if mode == "fwd":
+                with torch.no_grad():
+                    results[name][mode] = median_ms(run, args.repeats)
+            else:
+                results[name][mode] = median_ms(run, args.repeats)
+    print(
+        f"B = {args.batch}, lengths lognormal mean {sum(lengths) / len(lengths):.0f} "
+        f"max {longest}, d_model {D_MODEL}, threads {args.threads}, "
+        f"occupancy {total / (len(lengths) * longest):.3f}"
+    )
+    print(
+        f"map: first call (trace + run) {first_call:.2f} s; "
+        f"trace of a second signature {second_trace:.2f} s\n"
+    )
+    print(
+        "| system | fwd ms | fwd+bwd ms | fwd vs hand-written | fwd+bwd vs hand-written "
+        "| fwd vs padded eager | fwd+bwd vs padded eager |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    hand, pad = results["hand-written"], results["padded"]
+    for name, r in results.items():
+        print(
+            f"| {name} | {r['fwd']:.1f} | {r['fwd+bwd']:.1f} | {r['fwd'] / hand['fwd']:.2f} "
+            f"| {r['fwd+bwd'] / hand['fwd+bwd']:.2f} | {r['fwd'] / pad['fwd']:.2f} "
+            f"| {r['fwd+bwd'] / pad['fwd+bwd']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
