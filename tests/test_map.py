@@ -437,3 +437,94 @@ def test_compiled_training_step_has_no_graph_break_and_few_graphs():
         for k in params:
             torch.testing.assert_close(grads[k], grads_eager[k], rtol=1e-4, atol=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+
+
+# ----- more rules: einsum, group_norm, indexing along ragged axes, embedding -------------
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: torch.einsum("nd,md->nm", t, t),
+        lambda t: torch.einsum("nd,de->ne", t, W.T),
+        lambda t: torch.einsum("nd,nd->d", t, t),
+        lambda t: torch.einsum("nd,me->nme", t, t[:, :2]),
+        lambda t: torch.einsum("nd,md,me->ne", t, t, t),
+    ],
+)
+def test_einsum(f):
+    x = tokens(LENGTHS)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_group_norm_over_ragged_spatial_axes():
+    gen = torch.Generator().manual_seed(4)
+    images = raggedfn.from_list(
+        [torch.randn(6, h, h + 1, generator=gen, dtype=torch.float64) for h in (2, 3, 1)],
+        ragged_dims=(2, 3),
+    )
+    gamma, beta = weights(6, seed=8), weights(6, seed=9)
+
+    def f(img):
+        return F.group_norm(img[None], 3, gamma, beta)[0]
+
+    report = raggedfn.map_report(f, images)
+    assert_same(report.output, loop(f, images))
+    assert report.fully_batched, str(report)
+
+
+@pytest.mark.parametrize(
+    ("f", "lengths"),
+    [
+        (lambda t: t[0], (3, 1, 5)),  # first token (CLS pooling): a fixed-shape output
+        (lambda t: t[-1] - t[0], (3, 1, 5)),
+        (lambda t: t.narrow(0, 1, 1), (3, 2, 5)),
+        (lambda t: t[:2] * 2, (3, 2, 5)),
+        (lambda t: t[1:].mean(0), (3, 2, 5)),
+        (lambda t: torch.stack([t[:-1], t[1:]], -1).sum(-1), (3, 0, 5)),
+    ],
+)
+def test_indexing_along_the_ragged_axis(f, lengths):
+    x = tokens(lengths)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_slice_to_a_fixed_size_checks_its_guard():
+    x = tokens((3, 1, 5))  # t[:2] holds only where N >= 2: the guard sends it to the loop
+    report = raggedfn.map_report(lambda t: t[:2] * 2, x)
+    assert report.whole_loop is not None and "s" in report.whole_loop
+    assert_same(report.output, loop(lambda t: t[:2] * 2, x))
+
+
+def test_select_out_of_range_is_refused():
+    with pytest.raises(RaggedError, match="map: index 0 is out of range along ragged axis 0"):
+        raggedfn.map(lambda t: t[0], tokens((2, 0)))
+
+
+def test_embedding_of_ragged_token_ids():
+    ids = raggedfn.from_list([torch.tensor(v, dtype=torch.long) for v in ([1, 2, 0], [], [4, 4])])
+    table = weights(5, D, seed=10)
+
+    def f(i, table):
+        return F.embedding(i, table).sum(0) + F.embedding(i, table).softmax(0).amax(-1).sum()
+
+    report = raggedfn.map_report(f, ids, table, in_dims=(0, None))
+    assert_same(report.output, loop(f, ids, table))
+    assert report.fully_batched, str(report)
+
+
+def test_dense_per_sample_inputs_use_vmap_and_mix_with_ragged():
+    x = tokens(LENGTHS)
+    dense = weights(len(LENGTHS), 4, D, seed=11)
+
+    def f(t, m):
+        pooled = torch.linalg.det(m[:, :4] @ m[:, :4].T + torch.eye(4, dtype=m.dtype))
+        return t * pooled + (m.sum(0) @ t.T).sum()
+
+    report = raggedfn.map_report(f, x, dense)
+    assert_same(report.output, [f(t, m) for t, m in zip(samples(x), dense, strict=True)])
+    assert report.fully_batched, str(report)

@@ -104,11 +104,11 @@ def _run_step(
         if recorder is not None:
             recorder.unbatched[name] = recorder.unbatched.get(name, 0) + 1
         return step.target(*args, **kwargs)
-    found = step.rule
     reason = "no batching rule"
+    candidates = [step.rule] if step.rule is not None else []
     if not any(isinstance(a, (RaggedB, SymB)) for a in _leaves(args, kwargs)):
-        found = _vmap_rule
-    if found is not None:
+        candidates.append(_vmap_rule)  # fixed-shape samples: torch.vmap can batch the op
+    for found in candidates:
         try:
             result = found(ctx, step, *args, **kwargs)
             if recorder is not None:

@@ -81,8 +81,8 @@ def _logical(x: Any) -> tuple[Any, ...]:
 @rule(aten.matmul, aten.mm, aten.bmm)
 def matmul_rule(ctx: Ctx, step: Any, a: Any, b: Any) -> Any:
     shape_a, shape_b = _logical(a), _logical(b)
-    if len(shape_a) < 2 or len(shape_b) < 2:
-        raise Unsupported("matmul with a 1-D operand")
+    if len(shape_a) == 1 or len(shape_b) == 1:
+        return _vector_matmul(ctx, step, a, b, shape_a, shape_b)
     if isinstance(a, RaggedB) and isinstance(b, Tensor) and b.ndim == 2:
         x = canonicalize(ctx, a)
         if not _trailing_dense(x, 1):
@@ -90,6 +90,37 @@ def matmul_rule(ctx: Ctx, step: Any, a: Any, b: Any) -> Any:
         values = x.values @ b
         return RaggedB(values, x.layout, x.sz, x.struct)
     return _pair_matmul(ctx, step, a, b, shape_a, shape_b)
+
+
+def _unsqueezed(ctx: Ctx, x: Any, shape: tuple[Any, ...], dim: int) -> Any:
+    from ._rules_shape import reshape_to
+
+    new_shape = list(shape)
+    new_shape.insert(dim % (len(shape) + 1), 1)
+    if isinstance(x, Tensor):
+        return x.unsqueeze(dim)
+    if isinstance(x, DenseB):
+        return DenseB(x.data.unsqueeze(dim % (len(shape) + 1) + 1))
+    return reshape_to(ctx, x, tuple(new_shape))
+
+
+def _vector_matmul(
+    ctx: Ctx, step: Any, a: Any, b: Any, shape_a: tuple[Any, ...], shape_b: tuple[Any, ...]
+) -> Any:
+    """``matmul`` with a 1-D operand: as torch, a row / column matrix, then squeezed."""
+    from ._rules_shape import reshape_to
+
+    if len(shape_a) == 1:
+        a, shape_a = _unsqueezed(ctx, a, shape_a, 0), (1, *shape_a)
+    if len(shape_b) == 1:
+        b, shape_b = _unsqueezed(ctx, b, shape_b, 1), (*shape_b, 1)
+    if any(isinstance(s, Sz) for s in (*shape_a[:-2], *shape_b[:-2])):
+        raise Unsupported("matmul with ragged batch axes")
+    lead = tuple(torch.broadcast_shapes(torch.Size(shape_a[:-2]), torch.Size(shape_b[:-2])))
+    full = type(step.out)((*lead, shape_a[-2], shape_b[-1]), step.out.dtype)
+    inner = type(step)(step.index, step.name, step.target, (), {}, full, True)
+    result = matmul_rule(ctx, inner, a, b)
+    return reshape_to(ctx, result, step.out.shape)
 
 
 def _pair_matmul(

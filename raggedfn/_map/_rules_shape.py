@@ -287,8 +287,16 @@ def select_rule(ctx: Ctx, step: Any, x: Any, dim: int, index: Any) -> Any:
         return _dense_axis_op(x, dim, lambda v, d: v.select(d, index), removes=True)
 
     def index_of(_: Any, segments: Tensor, size: Tensor) -> Tensor:
-        i = _scalar(ctx, index, segments)
-        return torch.where(torch.as_tensor(i) < 0, i + size, torch.as_tensor(i)) + 0 * size
+        i = torch.as_tensor(_scalar(ctx, index, segments), device=size.device) + 0 * size
+        i = torch.where(i < 0, i + size, i)
+        if not torch.compiler.is_compiling() and bool(((i < 0) | (i >= size)).any()):
+            # the per-sample call raises IndexError here; never read another sample's rows
+            raise fail(
+                "map",
+                f"index {index} is out of range along ragged axis {dim} for a sample with "
+                f"sizes {x.struct.sizes[segments[(i < 0) | (i >= size)][0]].tolist()}",
+            )
+        return i
 
     return _take(ctx, x, dim, step.out.shape, index_of)
 
