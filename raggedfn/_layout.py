@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -30,19 +30,36 @@ class Layout:
     ``axes[a]`` says what logical sample axis ``a`` (batched logical axis
     ``a + 1``) is. Nothing here depends on the data: two batches with different
     lengths share a layout, so compiled code does not specialise on lengths.
+
+    Build it from a tuple of :class:`Axis`; it is stored as a short string
+    (``"d0 r0 r1 d1"``) and ``axes`` is parsed from it. Why: under
+    ``torch.compile(dynamic=True)`` dynamo turns the int attributes of an input
+    into symbols, and in torch 2.13 ``Axis(True, 1) == layout.axes[2]`` then
+    silently gave False; strings always stay constants.
     """
 
-    axes: tuple[Axis, ...]
+    code: str
 
     def __post_init__(self) -> None:
+        code: Any = self.code
+        if not isinstance(code, str):
+            code = " ".join(f"{'r' if a[0] else 'd'}{int(a[1])}" for a in code)
+            object.__setattr__(self, "code", code)
         if torch.compiler.is_compiling():
-            # layouts built inside a compiled graph come from validated ones; dynamo
-            # cannot sort here (it may treat the ints as symbolic)
-            return
-        ragged = sorted(a.index for a in self.axes if a.ragged)
-        dense = sorted(a.index for a in self.axes if not a.ragged)
+            return  # layouts built inside a compiled graph come from validated ones
+        parsed = self.axes
+        ragged = sorted(a.index for a in parsed if a.ragged)
+        dense = sorted(a.index for a in parsed if not a.ragged)
         if ragged != list(range(len(ragged))) or dense != list(range(len(dense))):
-            raise ValueError(f"Layout: axes {self.axes} must number ragged and dense axes 0..n-1")
+            raise ValueError(f"Layout: axes {parsed} must number ragged and dense axes 0..n-1")
+
+    @property
+    def axes(self) -> tuple[Axis, ...]:
+        """One :class:`Axis` per logical sample axis."""
+        return tuple(Axis(part[0] == "r", int(part[1:])) for part in self.code.split())
+
+    def __repr__(self) -> str:
+        return f"Layout({self.code!r})"
 
     @staticmethod
     def standard(num_ragged: int, num_dense: int) -> Layout:
