@@ -18,6 +18,7 @@ Run: ``python -m benchmarks.pairformer [--quick] [--threads 1]`` (writes
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from collections.abc import Sequence
@@ -302,17 +303,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--dist", action="append", choices=["pair_low", "pair_high"], help="only these batches"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args(argv)
+    suite = SUITE
+    if args.dist:
+        suite = dataclasses.replace(SUITE, distributions=lambda quick: list(args.dist))
     record = harness.run_suite(
-        SUITE,
+        suite,
         quick=args.quick,
         threads=args.threads,
         warmup=args.warmup,
         repeats=args.repeats,
         memory=not args.no_memory,
     )
-    stem = "pairformer" + ("-quick" if args.quick else "")
+    stem = (
+        "pairformer" + ("-quick" if args.quick else "") + "".join(f"-{d}" for d in args.dist or [])
+    )
     harness.write_json(record, args.out / f"{stem}.json")
     harness.write_markdown(record, args.out / f"{stem}.md")
     print(harness.markdown_report(record))
