@@ -235,8 +235,13 @@ def test_docs_show_the_committed_results():
     shown = 0
     for path in results:
         record = json.loads(path.read_text())
-        table = harness.markdown_table(record)
-        if table in docs:
+        # every heading and table row the writer makes (summary prose may evolve)
+        lines = [
+            line
+            for line in harness.markdown_table(record).splitlines()
+            if line.startswith(("|", "**"))
+        ]
+        if lines and all(line in docs for line in lines):
             shown += 1
             assert record["torch"] in docs and str(record["machine"]["cpu"]) in docs
     assert shown >= 1, "docs/benchmarks.md shows none of benchmarks/results/*.json"
