@@ -41,8 +41,10 @@ def linear_rule(ctx: Ctx, step: Any, x: Any, weight: Any, bias: Any = None) -> A
     x = canonicalize(ctx, x)
     if not _trailing_dense(x, 1):
         raise Unsupported("linear over a ragged axis")
-    values = F.linear(x.values, weight, bias)
-    return RaggedB(values, x.layout, x.sz, x.struct)
+    lead = x.values.shape[:-1]
+    # one 2-D matrix product: [T, ..., D] @ W.T as [T * ..., D] (no batched-matmul reshapes)
+    values = F.linear(x.values.reshape(-1, x.values.shape[-1]), weight, bias)
+    return RaggedB(values.reshape(*lead, values.shape[-1]), x.layout, x.sz, x.struct)
 
 
 @rule(aten.layer_norm, aten.rms_norm)
