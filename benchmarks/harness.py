@@ -113,6 +113,8 @@ class Step:
 
     run: Callable[[], Any]
     collect: Callable[[Any], list[torch.Tensor]]
+    # per-build facts copied into the cell (e.g. compile_s, graphs of compiled systems)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ class Suite:
     distributions: Callable[[bool], list[str]]
     ideal_ratio: Callable[[Case], float]
     primary: str = "raggedfn"
+    # which cells get a memory subprocess (default: all); heavy suites can skip some
+    memory_for: Callable[[Case], bool] | None = None
 
     def cases(
         self,
@@ -271,6 +275,7 @@ def measure_case(
             continue
         try:
             step = suite.build(case, system)
+            cell.extra.update(step.extra)
             wrong = _disagreement(step.collect(step.run()), expected, case.dtype)
             if wrong:  # never time a wrong computation
                 cell.status = f"wrong: {wrong}"
@@ -304,6 +309,7 @@ def measure_case(
         del step
     if BASELINE in systems:
         base_cell = next(c for c in cells if c.system == BASELINE)
+        base_cell.extra.update(baseline.extra)
         if not base_times:  # the baseline alone: time it on its own
             base_times = [
                 _time_once(baseline.run, case.device, number_base) for _ in range(repeats)
@@ -470,7 +476,7 @@ def run_suite(
         got = measure_case(
             suite, case, systems, warmup=warmup, repeats=repeats, max_seconds=max_seconds
         )
-        if memory:
+        if memory and (suite.memory_for is None or suite.memory_for(case)):
             for cell in got:
                 if cell.status == "ok":
                     cell.peak_memory_mb = measure_memory(case, cell.system, threads)
@@ -577,6 +583,7 @@ def markdown_table(record: dict[str, Any]) -> str:
                     row.append(f"{mem:.1f}" if mem is not None else "")
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+    lines.extend(summary_lines(record))
     if notes:
         lines.append("Cells that did not run:")
         lines.append("")
@@ -584,6 +591,48 @@ def markdown_table(record: dict[str, Any]) -> str:
             lines.append(f"- {where}: {status}")
         lines.append("")
     return "\n".join(lines)
+
+
+def summary_lines(record: dict[str, Any]) -> list[str]:
+    """Geometric-mean speedup over padded across a suite's workloads, and compile facts.
+
+    One line per (distribution, mode, system) with every workload measured
+    (``ok``); compiled systems' compile time (first call minus second, s) and
+    graphs compiled are listed per cell where the builder recorded them.
+    """
+    cells = record["cells"]
+    lines: list[str] = []
+    groups = dict.fromkeys(
+        (c["distribution"], c["mode"], c["system"]) for c in cells if c["system"] != BASELINE
+    )
+    workloads = list(dict.fromkeys(c["workload"] for c in cells))
+    for dist, mode, system in groups:
+        got = [
+            c
+            for c in cells
+            if (c["distribution"], c["mode"], c["system"]) == (dist, mode, system)
+            and c["status"] == "ok"
+        ]
+        if len(workloads) < 2 or len(got) != len(workloads):
+            continue
+        speedup = math.exp(statistics.fmean(-math.log(c["ratio"]) for c in got))
+        ideal = math.exp(statistics.fmean(-math.log(c["ideal_ratio"]) for c in got))
+        lines.append(
+            f"- {dist}, {mode}, {system}: geometric-mean speedup over padded "
+            f"{speedup:.2f}x across {', '.join(workloads)} (ideal {ideal:.2f}x)"
+        )
+    if lines:
+        lines = ["Summary:", "", *lines, ""]
+    compiled = [c for c in cells if "compile_s" in c.get("extra", {})]
+    if compiled:
+        lines += ["Compile time (first call minus second, s) / graphs compiled:", ""]
+        lines += [
+            f"- {c['workload']} {c['mode']} {c['distribution']} {c['system']}: "
+            f"{c['extra']['compile_s']} s / {c['extra'].get('graphs', '?')} graphs"
+            for c in compiled
+        ]
+        lines.append("")
+    return lines
 
 
 def markdown_report(record: dict[str, Any]) -> str:

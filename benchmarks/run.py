@@ -22,7 +22,7 @@ from benchmarks.harness import (
 )
 
 # suite name -> module benchmarks.<name> defining SUITE; later suites register here
-SUITES = ["segment_ops"]
+SUITES = ["segment_ops", "token_mlp", "bert", "pairformer_stack"]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
