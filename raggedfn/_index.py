@@ -22,10 +22,21 @@ def offsets_of(lengths: Tensor) -> Tensor:
 
 
 def segment_ids(offsets: Tensor, total: int) -> Tensor:
-    """``[T]`` sample index of every packed row."""
+    """``[T]`` sample index of every packed row.
+
+    Malformed offsets (never validated on hot paths) must not crash the process:
+    in torch 2.13 ``repeat_interleave(..., output_size=T)`` corrupts the heap
+    ("free(): invalid pointer") unless the repeats are non-negative and sum to
+    exactly ``T``. So the lengths are clamped to be non-negative and to end by
+    ``T``, and rows past the last sample get the out-of-range id ``B`` (a later
+    index raises). On valid offsets none of this changes the result.
+    """
     batch_size = offsets.shape[0] - 1
-    ids = torch.arange(batch_size, device=offsets.device)
-    return torch.repeat_interleave(ids, lengths_of(offsets), output_size=total)
+    ids = torch.arange(batch_size + 1, device=offsets.device)
+    ends = torch.cumsum(lengths_of(offsets).clamp(min=0), 0).clamp(max=total)
+    ends = torch.cat([ends, torch.full((1,), total, dtype=ends.dtype, device=ends.device)])
+    repeats = lengths_of(torch.cat([ends.new_zeros(1), ends]))
+    return torch.repeat_interleave(ids, repeats, output_size=total)
 
 
 def local_positions(offsets: Tensor, segments: Tensor, total: int) -> Tensor:

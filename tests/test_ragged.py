@@ -1,6 +1,9 @@
 """The Ragged value: attributes, new values, indexing, repr and structural checks."""
 
 import dataclasses
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -324,3 +327,55 @@ def test_structural_errors(change, message):
 
 def test_ragged_error_is_a_value_error():
     assert issubclass(RaggedError, ValueError)
+
+
+def test_unchecked_malformed_values_raise_and_never_crash():
+    # The dataclass constructor skips value checks (hot paths); ops on such a value
+    # must still raise, not corrupt memory (torch's repeat_interleave with
+    # output_size aborts the process on negative repeats or a short total). A
+    # subprocess keeps a regression from killing the test run.
+    code = textwrap.dedent(
+        """
+        import torch, raggedfn
+        from raggedfn import Layout, Ragged
+        cases = [([0, 3, 7], 9), ([0, -1, 3], 3), ([0, 3, 7], 5), ([2, 3], 3), ([0, 5, 2], 9)]
+        for offsets, total in cases:
+            sizes = torch.ones(len(offsets) - 1, 1, dtype=torch.int64)
+            x = Ragged(torch.randn(total, 2), torch.tensor(offsets), sizes, Layout.standard(1, 1))
+            for f in (raggedfn.to_padded, lambda x: raggedfn.sum(x, dim=1), raggedfn.mask):
+                try:
+                    f(x)  # garbage in: an error or garbage out, but the process survives
+                except (RuntimeError, IndexError, ValueError):
+                    pass
+            try:
+                raggedfn.check(x)
+            except raggedfn.RaggedError:
+                pass
+            else:
+                raise SystemExit(f"check passed offsets {offsets}, T = {total}")
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("offsets", "total", "expected"),
+    [
+        ([0, 2, 2, 5], 5, [0, 0, 2, 2, 2]),  # valid: sample 1 is empty
+        ([0], 0, []),
+        # malformed: repeat_interleave(output_size=T) would corrupt the heap on these
+        ([0, 3, 7], 9, [0, 0, 0, 1, 1, 1, 1, 2, 2]),  # rows past offsets[-1] get id B
+        ([0, -1, 3], 3, [1, 1, 1]),  # a negative length counts as 0
+        ([0, 3, 7], 5, [0, 0, 0, 1, 1]),  # lengths past T are cut at T
+        ([0, 10**12], 4, [0, 0, 0, 0]),
+    ],
+)
+def test_segment_ids_are_safe_on_malformed_offsets(offsets, total, expected):
+    from raggedfn._index import segment_ids
+
+    assert segment_ids(torch.tensor(offsets), total).tolist() == expected
