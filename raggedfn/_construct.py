@@ -502,13 +502,14 @@ def from_nested(njt: Tensor) -> Ragged:
             else describe(njt)
         )
         raise fail(fn, f"njt must be a torch.nested tensor with layout=torch.jagged, got {got}")
-    if getattr(njt, "_ragged_idx", 1) != 1:
+    nested: Any = njt  # NestedTensor's jagged API is not in Tensor's type stubs
+    if getattr(nested, "_ragged_idx", 1) != 1:
         raise fail(
             fn,
-            f"only a jagged tensor ragged along axis 1 is supported, got ragged axis {njt._ragged_idx}",
+            f"only a jagged tensor ragged along axis 1 is supported, got ragged axis {nested._ragged_idx}",
         )
-    if njt.lengths() is not None:
+    if nested.lengths() is not None:
         raise fail(
             fn, "jagged tensors with holes (lengths given besides offsets) are not supported"
         )
-    return from_offsets(njt.values(), njt.offsets())
+    return from_offsets(nested.values(), nested.offsets())

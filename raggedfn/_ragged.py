@@ -336,7 +336,7 @@ def _elementwise() -> Any:
     return _elementwise
 
 
-def _sample(x: Ragged, index: int) -> Tensor:
+def _sample(x: Ragged, index: int | torch.SymInt) -> Tensor:
     batch_size = x.batch_size
     if not -batch_size <= index < batch_size:
         raise fail(
@@ -398,10 +398,21 @@ torch_pytree.register_pytree_node(
     serialized_type_name="raggedfn.Ragged",
     flatten_with_keys_fn=_flatten_with_keys,
 )
+
+
+def _optree_flatten(x: Ragged) -> tuple[list[Any], Layout, tuple[str, ...]]:
+    return [x.values, x.offsets, x.sizes], x.layout, ("values", "offsets", "sizes")
+
+
+def _optree_unflatten(layout: Layout, leaves: Any) -> Ragged:
+    values, offsets, sizes = leaves
+    return Ragged._make(values, offsets, sizes, layout)
+
+
 optree.register_pytree_node(
-    Ragged,
-    lambda x: ([x.values, x.offsets, x.sizes], x.layout, ("values", "offsets", "sizes")),
-    lambda layout, leaves: Ragged._make(*leaves, layout),
+    Ragged,  # type: ignore[arg-type]  # optree's stubs expect a Collection type
+    _optree_flatten,  # type: ignore[arg-type]
+    _optree_unflatten,  # type: ignore[arg-type]
     namespace=OPTREE_NAMESPACE,
 )
 # torch mirrors registrations into optree's "torch" namespace when this module is
