@@ -29,19 +29,40 @@ from ._values import (
 aten = torch.ops.aten
 
 
+# target -> ((name, kwarg_only, has_default, default), ...): plain Python, filled on the
+# eager first call, so bind() inside torch.compile never touches the pybind schema
+# (dynamo cannot iterate it: "missing tp_iter")
+_SCHEMA_ARGS: dict[Any, tuple[tuple[str, bool, bool, Any], ...]] = {}
+
+
+def _schema_args(target: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
+    found = _SCHEMA_ARGS.get(target)
+    if found is None:
+        found = tuple(
+            (
+                a.name,
+                a.kwarg_only,
+                a.has_default_value(),
+                a.default_value if a.has_default_value() else None,
+            )
+            for a in target._schema.arguments
+        )
+        _SCHEMA_ARGS[target] = found
+    return found
+
+
 def bind(step: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Arguments by schema name, defaults filled in."""
     out: dict[str, Any] = {}
-    schema = step.target._schema
-    for i, a in enumerate(schema.arguments):
-        if i < len(args) and not a.kwarg_only:
-            out[a.name] = args[i]
-        elif a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
+    for i, (name, kwarg_only, has_default, default) in enumerate(_schema_args(step.target)):
+        if i < len(args) and not kwarg_only:
+            out[name] = args[i]
+        elif name in kwargs:
+            out[name] = kwargs[name]
+        elif has_default:
+            out[name] = default
         else:
-            out[a.name] = None
+            out[name] = None
     return out
 
 
@@ -209,7 +230,7 @@ def _dense_only(
 ) -> Any:
     value_dims = [1 + x.layout.axes[p].index for p in dims]
     bound = bind(step, args, kwargs)
-    names = [a.name for a in step.target._schema.arguments]
+    names = [name for name, _, _, _ in _schema_args(step.target)]
     new_args = list(args)
     new_kwargs = dict(kwargs)
     new_dim: Any = value_dims if not isinstance(bound.get("dim"), int) else value_dims[0]
