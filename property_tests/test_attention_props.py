@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import raggedfn
 from property_tests._pairs_helpers import check_against_loop, like, tokens_for
 from raggedfn import Ragged
+from raggedfn.ops import _attention
 
 DTYPES = st.sampled_from([torch.float64, torch.float32])
 HEADS, DIM = 2, 3
@@ -122,3 +123,11 @@ def test_triangle_rows_share_the_pair_bias(sizes, seed, dtype):
     check_against_loop(
         lambda q, k, v, b: raggedfn.attention(q, k, v, bias=b), reference, q, k, v, bias
     )
+    saved = _attention.CHUNK_LOGITS
+    _attention.CHUNK_LOGITS = 1  # one row per SDPA call
+    try:
+        check_against_loop(
+            lambda q, k, v, b: raggedfn.attention(q, k, v, bias=b), reference, q, k, v, bias
+        )
+    finally:
+        _attention.CHUNK_LOGITS = saved

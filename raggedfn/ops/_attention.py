@@ -51,6 +51,7 @@ def _nested_cuda(q: Ragged, k: Ragged, v: Ragged, causal: bool, scale: float | N
 
 
 LOOP_MAX_BATCH = 64  # up to this many samples: one SDPA call per sample (measured faster)
+CHUNK_LOGITS = 1 << 24  # at most this many logits per SDPA call (rows of triangle attention)
 
 
 def _samples(x: Ragged, sizes: list[list[int]]) -> list[Tensor]:
@@ -103,9 +104,19 @@ def _per_sample(
             mask = torch.where(keep, mask, float("-inf"))
         elif keep is not None:
             mask = keep
-        out = F.scaled_dot_product_attention(
-            *heads, attn_mask=mask, is_causal=use_is_causal, scale=scale
-        )
+        # rows of a triangle attention in chunks: bounds the logits workspace per call
+        rows, num_heads = heads[0].shape[0], heads[0].shape[1]
+        step = max(1, CHUNK_LOGITS // max(1, num_heads * n * m))
+        chunks = []
+        for lo in range(0, max(rows, 1), step):
+            part = [t[lo : lo + step] for t in heads]
+            part_mask = mask[lo : lo + step] if mask is not None and mask.shape[0] > 1 else mask
+            chunks.append(
+                F.scaled_dot_product_attention(
+                    *part, attn_mask=part_mask, is_causal=use_is_causal, scale=scale
+                )
+            )
+        out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
         if r == 1:
             out = out.squeeze(0)
         physical = out.movedim(-3, -2).permute(q.layout.logical_to_physical())
