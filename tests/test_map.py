@@ -496,3 +496,49 @@ def test_dense_per_sample_inputs_use_vmap_and_mix_with_ragged():
     report = raggedfn.map_report(f, x, dense)
     assert_same(report.output, [f(t, m) for t, m in zip(samples(x), dense, strict=True)])
     assert report.fully_batched, str(report)
+
+
+# ----- the trace cache ------------------------------------------------------------------
+
+CAPTURED = weights(D, D, seed=12)
+
+
+def uses_global(t):
+    return t @ CAPTURED
+
+
+def test_cache_hits_recreated_lambdas_and_sees_rebound_globals():
+    global CAPTURED
+    from raggedfn._map import _api
+
+    x = tokens(LENGTHS)
+    scale = weights(D, seed=13)
+    before = len(_api._CACHE)
+    for _ in range(3):
+        raggedfn.map(lambda t: t * scale, x)  # a new lambda each step, same code and capture
+    assert len(_api._CACHE) == before + 1
+    assert_same(raggedfn.map(uses_global, x), loop(uses_global, x))
+    old = CAPTURED
+    try:
+        CAPTURED = old * 2  # rebinding: a new key, never the stale tensor
+        assert_same(raggedfn.map(uses_global, x), loop(uses_global, x))
+    finally:
+        CAPTURED = old
+
+
+def test_modules_called_directly_get_gradients_and_see_in_place_updates():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(D, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    model = model.double()
+    x = tokens(LENGTHS)
+    report = raggedfn.map_report(model, x)
+    assert report.fully_batched, str(report)
+    report.output.values.pow(2).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    sum(o.pow(2).sum() for o in loop(model, x)).backward()
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad)
+    with torch.no_grad():
+        model[0].weight.mul_(-1)
+    assert_same(raggedfn.map(model, x), loop(model, x))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,9 @@ logger = logging.getLogger("raggedfn.map")
 
 # (function, in_dims, structure, signature) -> {size classes: Plan or why tracing failed}
 _CACHE: dict[Any, dict[tuple[int, ...], Plan | str]] = {}
+_CACHE_SIZE = 256
+# function object -> its function_key at its last eager call (for compiled calls)
+_KEY_OF: dict[Any, Any] = {}
 
 
 def _normalize_in_dims(fn: str, in_dims: Any, count: int) -> tuple[Any, ...]:
@@ -73,6 +77,39 @@ def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ..
     return dims, leaves, treespec, kinds, batch_sizes[0]
 
 
+def _constant_key(value: Any) -> Any:
+    if isinstance(value, (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)):
+        return (type(value).__name__, value)
+    return ("id", id(value))
+
+
+def function_key(f: Any) -> Any:
+    """What identifies a trace of ``f``: the function itself, or for a plain Python
+    function its code plus the objects its closure cells and directly named globals
+    hold. A lambda re-created at every step with the same captures hits the cache;
+    rebinding a captured tensor (``W = W - lr * g``) is a new key, so the trace never
+    keeps a stale tensor. (Tensors reached indirectly, e.g. through a module's
+    attributes, are used by reference: in-place updates are seen, rebinding is not;
+    pass changing tensors as arguments with ``in_dims=None``.)"""
+    if not isinstance(f, types.FunctionType):
+        return f
+    cells = []
+    for cell in f.__closure__ or ():
+        try:
+            cells.append(_constant_key(cell.cell_contents))
+        except ValueError:  # an empty cell
+            cells.append(None)
+    named = tuple(
+        (name, _constant_key(f.__globals__[name]))
+        for name in f.__code__.co_names
+        if isinstance(f.__globals__.get(name), torch.Tensor)
+    )
+    defaults = tuple(_constant_key(d) for d in f.__defaults__ or ())
+    # text, not objects: dynamo guards on this dict's keys while compiling
+    code = f.__code__
+    return f"{code.co_filename}:{code.co_firstlineno}:{id(code)}|{cells}|{named}|{defaults}"
+
+
 def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
     """For every ragged axis of every mapped input: the first axis whose sizes equal its
     own in every sample (one host sync). Equal axes share one symbol in the trace, so
@@ -114,7 +151,16 @@ def _plan_for(
     treespec: Any,
     kinds: list[str],
 ) -> Plan | str:
-    key = (f, dims, str(treespec), signature(leaves, kinds))
+    if torch.compiler.is_compiling():
+        # dynamo cannot read code objects and closure cells: use the key the last
+        # eager call of this very function object computed
+        fkey = _KEY_OF.get(f)
+    else:
+        fkey = function_key(f)
+        if len(_KEY_OF) >= _CACHE_SIZE:
+            del _KEY_OF[next(iter(_KEY_OF))]
+        _KEY_OF[f] = fkey
+    key = (fkey, dims, str(treespec), signature(leaves, kinds))
     variants = _CACHE.get(key)
     if torch.compiler.is_compiling():
         # no host sync here: use the plan traced eagerly for this signature
@@ -131,6 +177,8 @@ def _plan_for(
     classes = size_classes(leaves, kinds)
     if variants is None:
         variants = {}
+        if len(_CACHE) >= _CACHE_SIZE:  # forget the oldest signature
+            del _CACHE[next(iter(_CACHE))]
         _CACHE[key] = variants
     found = variants.get(classes)
     if found is None:

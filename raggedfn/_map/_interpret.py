@@ -101,7 +101,7 @@ def _run_step(
     if step.getitem and isinstance(args[0], (tuple, list)):
         return args[0][args[1]]
     if not step.batched or not any(is_batched(a) for a in _leaves(args, kwargs)):
-        if recorder is not None:
+        if recorder is not None and name:
             recorder.unbatched[name] = recorder.unbatched.get(name, 0) + 1
         return step.target(*args, **kwargs)
     reason = "no batching rule"
