@@ -542,3 +542,31 @@ def test_modules_called_directly_get_gradients_and_see_in_place_updates():
     with torch.no_grad():
         model[0].weight.mul_(-1)
     assert_same(raggedfn.map(model, x), loop(model, x))
+
+
+def writes_in_place(t):
+    h = t * 1
+    row = h[0]
+    row.add_(1.0)  # writes through the view into h
+    return torch.relu_(h)
+
+
+def test_in_place_ops_run_the_whole_loop():
+    x = tokens((2, 3, 1))
+    report = raggedfn.map_report(writes_in_place, x)
+    assert "in-place op" in (report.whole_loop or "")
+    assert_same(report.output, loop(writes_in_place, x))
+
+
+def test_gradients_through_a_per_node_loop():
+    x = tokens(LENGTHS)
+
+    def f(t, w):
+        return torch.flip(F.linear(t, w), [0]).cumsum(0)
+
+    def loss(w):
+        return raggedfn.map(f, x, w, in_dims=(0, None)).values.pow(2).sum()
+
+    got = torch.func.grad(loss)(W)
+    want = torch.func.grad(lambda w: sum(o.pow(2).sum() for o in loop(f, x, w)))(W)
+    torch.testing.assert_close(got, want)

@@ -285,6 +285,11 @@ def trace(
 
     gm = make_fx(flat_fn, tracing_mode="symbolic", pre_dispatch=True)(*fakes)
     steps, outputs = _plan_steps(gm, len(fakes), [k.kind for k in lk if k.kind != "constant"])
+    for step in steps:
+        if step.batched and _mutates(step.target):
+            # batched values are often copies where a sample would be a view (a gathered
+            # row, a canonicalised layout): an in-place op could diverge from the loop
+            raise Unsupported(f"in-place op {step.op} on a per-sample value")
     guards: list[tuple[str, Evaluator]] = []
     found: list[tuple[Any, str]] = []
     for g in env.guards:
@@ -303,6 +308,13 @@ def trace(
         guards.append((f"{text} (from {where})", compile_expr(expr)))
     return Plan(
         steps, placeholders, lk, outputs, out_holder[-1], guards, time.perf_counter() - start
+    )
+
+
+def _mutates(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
     )
 
 
