@@ -175,13 +175,13 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
         if kind == "mean":
             out = out / expand_n(n * dense_count, out).to(out.dtype)
     elif kind in ("amax", "amin", "prod"):
-        fn = {"amax": torch.amax, "amin": torch.amin, "prod": None}[kind]
         if kind == "prod":
             v = values
             for d in sorted(value_dims, reverse=True):
                 v = v.prod(d)
         else:
-            v = over_dense(values, lambda v, d: fn(v, d))
+            reducer = torch.amax if kind == "amax" else torch.amin
+            v = over_dense(values, lambda v, d: reducer(v, d))
         out = segment(v, index, count, kind)
     elif kind in ("any", "all"):
         flag = values.bool() if kind == "any" else ~values.bool()

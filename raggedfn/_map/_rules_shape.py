@@ -208,7 +208,7 @@ def _take(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: 
     else:
         segments = torch.arange(ctx.batch_size, device=ctx.device)
         out_coords = []
-        layout, sz, struct = None, (), None
+        layout, sz, struct = canonical_layout(len(out_shape), ()), (), None
     size = x.struct.sizes[segments, k_dim]
     coords: list[Any] = []
     it = iter(out_coords)
@@ -240,7 +240,7 @@ def _take_fixed(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], inde
     else:
         segments = torch.arange(ctx.batch_size, device=ctx.device)
         out_coords = []
-        layout, sz, struct = None, (), None
+        layout, sz, struct = canonical_layout(len(out_shape), ()), (), None
     segments = segments[:, None]
     size = x.struct.sizes[segments, k_dim]
     steps = torch.arange(m, device=ctx.device)[None, :]

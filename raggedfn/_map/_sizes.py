@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch.utils._sympy.functions as symfn
 from torch import Tensor
@@ -37,7 +37,12 @@ class Sz:
 
     @staticmethod
     def constant(value: int) -> Sz:
-        return Sz(str(int(value)), lambda env, v=int(value): v, int(value))
+        number = int(value)
+
+        def fn(env: Env) -> int:
+            return number
+
+        return Sz(str(number), fn, number)
 
     def __repr__(self) -> str:
         return self.key
@@ -117,8 +122,8 @@ def compile_expr(expr: Any) -> Evaluator:
         value = int(expr)
         return lambda env: value
     if isinstance(expr, (sympy.Rational, sympy.Float)):
-        value = float(expr)
-        return lambda env: value
+        real = float(expr)
+        return lambda env: real
     args = [compile_expr(a) for a in expr.args]
     binary: dict[type, Callable[[Any, Any], Any]] = {
         sympy.Eq: lambda a, b: a == b,
@@ -141,7 +146,7 @@ def compile_expr(expr: Any) -> Evaluator:
     for kind, fn in binary.items():
         if type(expr) is kind:
             left, right = args
-            return lambda env, fn=fn: fn(left(env), right(env))
+            return _binary(fn, left, right)
     if isinstance(expr, sympy.Add):
         return lambda env: _fold(lambda a, b: a + b, [a(env) for a in args])
     if isinstance(expr, sympy.Mul):
@@ -164,6 +169,10 @@ def compile_expr(expr: Any) -> Evaluator:
         base, div, mod = args
         return lambda env: _mod(_floordiv(base(env), div(env)), mod(env))
     raise Unsupported(f"size expression {expr} ({type(expr).__name__})")
+
+
+def _binary(fn: Callable[[Any, Any], Any], left: Evaluator, right: Evaluator) -> Evaluator:
+    return lambda env: fn(left(env), right(env))
 
 
 def _fold(fn: Callable[[Any, Any], Any], values: list[Any]) -> Any:

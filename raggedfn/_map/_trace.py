@@ -16,7 +16,7 @@ import dataclasses
 import operator
 from typing import Any
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch.utils._pytree as pytree
 import torch.utils._sympy.functions as symfn
@@ -164,7 +164,7 @@ def signature(leaves: list[Any], kinds: list[str]) -> tuple[Any, ...]:
 def _fake(
     mode: FakeTensorMode, shape: tuple[int, ...], dynamic: list[bool], like: Tensor
 ) -> Tensor:
-    ctx = StatelessSymbolicContext(
+    ctx: StatelessSymbolicContext = StatelessSymbolicContext(
         dynamic_sizes=[DimDynamic.DUCK if d else DimDynamic.STATIC for d in dynamic]
     )
     real = torch.empty(shape, dtype=like.dtype, device=like.device)
@@ -255,7 +255,7 @@ def trace(
             szs: list[Any] = [None] * leaf.layout.num_ragged
             for p, a in enumerate(leaf.layout.axes):
                 if a.ragged:
-                    expr = fake.shape[p].node.expr
+                    expr = fake.shape[p].node.expr  # type: ignore[attr-defined]
                     symbols[a.index] = expr.name
                     szs[a.index] = sz_of(fake.shape[p])
             lk.append(LeafKind("ragged", tuple(symbols), tuple(szs)))
@@ -340,7 +340,7 @@ def _plan_steps(gm: Any, num_inputs: int, kinds: list[str]) -> tuple[list[Step],
     outputs: list[Any] = []
     placeholder = 0
 
-    def to_ref(node: Any) -> Ref:
+    def to_ref(node: Any) -> Any:
         return Ref(index[node])
 
     for node in gm.graph.nodes:

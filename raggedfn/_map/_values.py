@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .._index import local_positions, offsets_of, segment_ids
-from .._layout import Axis, Layout
+from .._layout import Layout
 from ._sizes import Env, Sz, Unsupported, product_key
 
 
@@ -342,12 +342,7 @@ def reduce_index(ctx: Ctx, x: RaggedB, reduced: set[int]) -> tuple[Tensor, Any, 
     sz = tuple(x.sz[k] for k in keep)
     out = ctx.struct(sz)
     coords = x.struct.coords()
-    row = None
-    for i, k in enumerate(keep):
-        c = coords[k]
-        row = c if row is None else row * out.sizes[segments, i] + c
+    row = coords[keep[0]]
+    for i, k in enumerate(keep[1:], start=1):
+        row = row * out.sizes[segments, i] + coords[k]
     return out.offsets[segments] + row, out.total, sz
-
-
-def with_axis(layout: Layout, extra: Axis) -> Layout:
-    return Layout((*layout.axes, extra))
