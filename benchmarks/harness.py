@@ -19,9 +19,11 @@ Method, the same for every cell:
 - the ideal ratio is ``real elements / padded elements`` (weighted as the workload
   says); ``fraction of ideal = ideal ratio / measured ratio`` (1.0 = all the padding
   saved, below 1 = overhead left);
-- peak memory per system is measured in a fresh subprocess
-  (``python -m benchmarks.harness --measure-memory ...``): the growth of the peak RSS
-  (``resource.getrusage``) while running the step, after inputs are built; on CUDA
+- peak memory per system is measured outside the timing process, in one fresh
+  subprocess per case (``python -m benchmarks.harness --measure-memory ...``) that
+  takes the systems in turn: the growth of the peak RSS (``VmHWM``, reset through
+  ``/proc/self/clear_refs``) while the step runs once more after a first run, with
+  its inputs built and the previous system's freed; on CUDA
   ``torch.cuda.max_memory_allocated`` above the memory held before the step.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
+import gc
 import importlib
 import json
 import math
@@ -367,13 +370,32 @@ def measure_memory_here(suite: Suite, case: Case, system: str) -> float:
 
 def measure_memory(case: Case, system: str, threads: int, timeout: float = 300) -> float | None:
     """Run :func:`measure_memory_here` in a fresh interpreter; ``None`` if it fails."""
+    return measure_memory_systems(case, [system], threads, timeout)[system]
+
+
+def measure_memory_systems(
+    case: Case, systems: Sequence[str], threads: int, timeout: float = 600
+) -> dict[str, float | None]:
+    """Peak memory of each system's step, measured in one fresh interpreter per case.
+
+    The child measures the systems one after another, each from a reset peak mark
+    (``/proc/self/clear_refs``; on CUDA ``reset_peak_memory_stats``) after the
+    previous system's inputs were freed, which saves an interpreter start (several
+    seconds of ``import torch`` on a loaded machine) per system. Where the peak
+    mark cannot be reset, every system gets its own interpreter.
+    """
+    systems = list(systems)
+    if not systems:
+        return {}
+    if len(systems) > 1 and not case.device.startswith("cuda") and not _can_reset_peak():
+        return {s: measure_memory(case, s, threads, timeout) for s in systems}
     command = [
         sys.executable,
         "-m",
         "benchmarks.harness",
         "--measure-memory",
         json.dumps(_case_to_json(case)),
-        system,
+        ",".join(systems),
         "--threads",
         str(threads),
     ]
@@ -385,15 +407,24 @@ def measure_memory(case: Case, system: str, threads: int, timeout: float = 300) 
         # of one step is not hidden by memory glibc kept from building the inputs
         "MALLOC_MMAP_THRESHOLD_": "65536",
     }
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, cwd=root, env=env, check=False
-    )
-    if done.returncode != 0:
-        return None
+    out: dict[str, float | None] = dict.fromkeys(systems)
     try:
-        return float(done.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, cwd=root, env=env,
+            check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return out
+    for line in done.stdout.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in out:
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
+
+
+def _can_reset_peak() -> bool:
+    return Path("/proc/self/clear_refs").exists() and _status_kib("VmHWM") is not None
 
 
 def _case_to_json(case: Case) -> dict[str, Any]:
@@ -456,7 +487,7 @@ def run_suite(
     max_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Measure every cell of ``suite`` and return the JSON-able record."""
-    max_seconds = (4.0 if quick else 12.0) if max_seconds is None else max_seconds
+    max_seconds = (2.0 if quick else 12.0) if max_seconds is None else max_seconds
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     warmup = (1 if quick else 3) if warmup is None else warmup
@@ -477,9 +508,10 @@ def run_suite(
             suite, case, systems, warmup=warmup, repeats=repeats, max_seconds=max_seconds
         )
         if memory and (suite.memory_for is None or suite.memory_for(case)):
-            for cell in got:
-                if cell.status == "ok":
-                    cell.peak_memory_mb = measure_memory(case, cell.system, threads)
+            ok = [cell for cell in got if cell.status == "ok"]
+            peaks = measure_memory_systems(case, [cell.system for cell in ok], threads)
+            for cell in ok:
+                cell.peak_memory_mb = peaks[cell.system]
         cells.extend(got)
     record = {
         "suite": suite.name,
@@ -718,13 +750,23 @@ def write_plot(record: dict[str, Any], path: Path) -> bool:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="benchmark harness child (memory probe)")
-    parser.add_argument("--measure-memory", nargs=2, metavar=("CASE_JSON", "SYSTEM"), required=True)
+    parser.add_argument(
+        "--measure-memory", nargs=2, metavar=("CASE_JSON", "SYSTEMS"), required=True,
+        help="a case as JSON and comma-separated systems; prints 'system MiB' per line",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     case = _case_from_json(json.loads(args.measure_memory[0]))
     suite = load_suite(case.suite)
-    print(f"{measure_memory_here(suite, case, args.measure_memory[1]):.3f}")
+    for system in args.measure_memory[1].split(","):
+        try:
+            peak = measure_memory_here(suite, case, system)
+        except Exception as error:  # the parent records None for this system
+            print(f"{system} failed: {type(error).__name__}", file=sys.stderr)
+            continue
+        print(f"{system} {peak:.3f}", flush=True)
+        gc.collect()  # the step and its inputs are gone before the next system builds
     return 0
 
 

@@ -168,9 +168,11 @@ def test_missing_names_are_reported_not_raised(monkeypatch):
 def test_memory_is_measured_in_a_subprocess():
     case = tiny_case("softmax", "fwd", torch.float32)
     case = Case(**{**case.__dict__, "lengths": (64, 8), "params": {**case.params, "dim": 256}})
-    got = harness.measure_memory(case, "padded", threads=1)
+    got = harness.measure_memory_systems(case, ["padded", "raggedfn", "no-such-system"], 1)
     # [2, 64, 256] float32 padded input: masked_fill and softmax each make a 128 KiB copy
-    assert got is not None and 0 <= got < 64
+    assert got["padded"] is not None and 0 <= got["padded"] < 64
+    assert got["raggedfn"] is not None and 0 <= got["raggedfn"] < 64
+    assert got["no-such-system"] is None  # a failing system is reported, not fatal
 
 
 # ----- writers ----------------------------------------------------------------------------
