@@ -18,6 +18,17 @@ class MapReport:
         whole_loop: why the whole function ran per sample, or None.
         trace_seconds: time spent tracing this signature (when it was traced).
         output: the result of the call.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
+        >>> report = raggedfn.map_report(lambda t: torch.flip(t, [0]).sum(0), x)
+        >>> report.fallback
+        {'aten.flip.default': 'no batching rule'}
+        >>> report.batched
+        {'aten.sum.dim_IntList': 1}
+        >>> report.output.shape
+        torch.Size([2, 3])
     """
 
     batched: dict[str, int] = dataclasses.field(default_factory=dict)
