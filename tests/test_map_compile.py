@@ -67,3 +67,20 @@ def test_compile_without_an_eager_trace_is_refused():
     params = mlp_params(torch.float32)
     with pytest.raises(Exception, match="call the step once eagerly"):  # dynamo wraps it
         compiled(*_batch(1, 8), params)
+
+
+def long_only(t, p):
+    return mlp(t, p) * 2 if t.shape[0] > 2 else mlp(t, p)
+
+
+def test_a_failing_guard_stops_a_compiled_step():
+    step = _step(long_only)
+    params = mlp_params(torch.float32)
+    step(*_batch(1, 8), params)  # lengths (4, 7): the trace takes the long branch
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    _, value = compiled(*_batch(1, 8), params)
+    torch.testing.assert_close(value, step(*_batch(1, 8), params)[1])
+    short = tokens([3, 2], dim=8, dtype=torch.float32)  # sample 1 breaks s > 2
+    with pytest.raises(RuntimeError, match="guard"):
+        compiled(short.values, short.offsets, short.sizes, params)

@@ -220,7 +220,16 @@ def _map(
     if report is not None:
         report.trace_seconds = plan.trace_seconds
         report.guards = [text for text, _ in plan.guards]
-    if plan.guards and not torch.compiler.is_compiling():
+    if plan.guards and torch.compiler.is_compiling():
+        # no fallback is possible inside a graph: a failing guard stops the run on
+        # device instead of computing the traced branch for a sample it does not fit
+        for text, evaluate in plan.guards:
+            ok = evaluate(ctx.env)
+            if isinstance(ok, torch.Tensor):
+                torch._assert_async(ok.all(), f"raggedfn.map: guard {text} fails")
+            elif not ok:
+                raise fail("map", f"guard {text} fails")
+    elif plan.guards:
         failed = check_guards(plan, ctx)
         if failed:
             reason = "; ".join(f"guard {g} fails for {n} sample(s)" for g, n in failed)
