@@ -126,7 +126,7 @@ def program(positions: tuple[int, ...], pair_steps: tuple[str, ...], steps: tupl
             h = h.sum(0)  # (M, C)
         for name in steps:
             h = _token_step(name, h, p)
-        return {"tokens": h, "pooled": h.sum(0)}
+        return {"tokens": h, "pooled": h.sum(0), "transposed": h.T * 2}
 
     return f
 
@@ -173,6 +173,7 @@ def _check(x, f, dtype):
     expected = loop(f, x, p)
     assert_same(out["tokens"], [e["tokens"] for e in expected])
     assert_same(out["pooled"], [e["pooled"] for e in expected])
+    assert_same(out["transposed"], [e["transposed"] for e in expected])
     leaves = [x.values, *p.values()]
     got = torch.autograd.grad(_loss(out), leaves, allow_unused=True)
     ref_loss = sum((e["tokens"] * e["tokens"]).sum() + e["pooled"].sin().sum() for e in expected)
