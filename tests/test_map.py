@@ -570,3 +570,34 @@ def test_gradients_through_a_per_node_loop():
     got = torch.func.grad(loss)(W)
     want = torch.func.grad(lambda w: sum(o.pow(2).sum() for o in loop(f, x, w)))(W)
     torch.testing.assert_close(got, want)
+
+
+def test_splits_along_dense_axes():
+    x = tokens(LENGTHS)
+
+    def f(t):
+        q, k, v = t[:, :6].chunk(3, -1)
+        a, b = t.split([3, 5], -1)
+        first, *_ = t[:, :2].unbind(-1)
+        return q * k + v, a.sum(-1) + b.sum(-1) + first
+
+    report = raggedfn.map_report(f, x)
+    expected = loop(f, x)
+    assert_same(report.output[0], [e[0] for e in expected])
+    assert_same(report.output[1], [e[1] for e in expected])
+    assert report.fully_batched, str(report)
+
+
+def test_max_and_min_with_indices():
+    x = tokens((3, 1, 5))
+
+    def f(t):
+        top, where = t.max(0)
+        low, at = torch.min(t, -1, keepdim=True)
+        return top * where, low + at
+
+    report = raggedfn.map_report(f, x)
+    expected = loop(f, x)
+    assert_same(report.output[0], [e[0] for e in expected])
+    assert_same(report.output[1], [e[1] for e in expected])
+    assert report.fully_batched, str(report)

@@ -323,3 +323,31 @@ def cumsum_rule(ctx: Ctx, step: Any, x: Any, dim: int, dtype: Any = None) -> Any
     result = running - base[sorted_group] if values.shape[0] else running
     out = result[torch.argsort(order)]
     return RaggedB(out.to(step.out.dtype), x.layout, x.sz, x.struct)
+
+
+@rule(aten.max.dim, aten.min.dim)
+def max_dim_rule(ctx: Ctx, step: Any, x: Any, dim: int, keepdim: bool = False) -> Any:
+    """``(values, indices)`` of ``torch.max(x, dim)`` / ``torch.min(x, dim)``."""
+    if not isinstance(x, RaggedB):
+        raise Unsupported("max of a per-sample size")
+    x = canonicalize(ctx, x)
+    dim = dim % x.layout.rank
+    axis = x.layout.axes[dim]
+    values_spec, index_spec = step.out
+    if not axis.ragged:
+        values, indices = step.target(x.values, 1 + axis.index, keepdim)
+        shape = values_spec.shape
+        positions = tuple(p for p, s in enumerate(shape) if isinstance(s, Sz))
+        layout = canonical_layout(len(shape), positions)
+        return (
+            RaggedB(values, layout, x.sz, x.struct),
+            RaggedB(indices, layout, x.sz, x.struct),
+        )
+    largest = step.target.overloadpacket is aten.max
+    index, count, sz = reduce_index(ctx, x, {axis.index})
+    best = segment(x.values, index, count, "amax" if largest else "amin")
+    out_struct = ctx.struct(sz) if sz else None
+    values = _finish(ctx, best, values_spec.shape, sz, out_struct)
+    arg_step = type(step)(step.index, step.name, step.target, (), {}, index_spec, True)
+    indices = _arg_reduce(ctx, arg_step, x, dim, "argmax" if largest else "argmin")
+    return values, indices

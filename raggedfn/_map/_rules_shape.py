@@ -477,3 +477,27 @@ def new_factory_rule(ctx: Ctx, step: Any, x: Any, size: Any, *rest: Any, **kwarg
 
 
 __all__ = ["broadcast_to", "make_ragged", "reshape_to"]
+
+
+@rule(aten.split, aten.split_with_sizes, aten.chunk, aten.unbind, aten.tensor_split)
+def split_rule(ctx: Ctx, step: Any, x: Any, *rest: Any, **kwargs: Any) -> Any:
+    """Splits along a dense axis: split the packed values along that axis."""
+    if not isinstance(x, RaggedB):
+        raise Unsupported("split of a fixed-size or per-sample value")
+    packet = step.target.overloadpacket
+    if packet is aten.unbind:
+        dim = rest[0] if rest else kwargs.get("dim", 0)
+    else:
+        dim = rest[1] if len(rest) > 1 else kwargs.get("dim", 0)
+    dim = dim % x.layout.rank
+    axis = x.layout.axes[dim]
+    if axis.ragged:
+        raise Unsupported("a split along a ragged axis")
+    if packet is aten.unbind:
+        count = x.values.shape[1 + axis.index]
+        return tuple(
+            _dense_axis_op(x, dim, lambda v, d, i=i: v.select(d, i), removes=True)
+            for i in range(count)
+        )
+    pieces = packet(x.values, rest[0], 1 + axis.index)
+    return tuple(RaggedB(p, x.layout, x.sz, x.struct) for p in pieces)
