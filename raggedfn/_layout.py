@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -39,6 +39,10 @@ class Layout:
     """
 
     code: str
+
+    if TYPE_CHECKING:  # the generated __init__ also takes a tuple of Axis
+
+        def __init__(self, code: str | tuple[Axis, ...]) -> None: ...
 
     def __post_init__(self) -> None:
         code: Any = self.code
