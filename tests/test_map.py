@@ -601,3 +601,21 @@ def test_max_and_min_with_indices():
     assert_same(report.output[0], [e[0] for e in expected])
     assert_same(report.output[1], [e[1] for e in expected])
     assert report.fully_batched, str(report)
+
+
+def in_place_on_fresh_values(t):
+    h = t * 2
+    h.relu_()
+    h += 1
+    return F.relu(h, inplace=True) * t
+
+
+def test_in_place_ops_on_fresh_intermediates_are_batched():
+    x = tokens(LENGTHS)
+    report = raggedfn.map_report(in_place_on_fresh_values, x)
+    assert_same(report.output, loop(in_place_on_fresh_values, x))
+    assert report.fully_batched, str(report)
+    model = torch.nn.Sequential(torch.nn.Linear(D, 4), torch.nn.ReLU(inplace=True)).double()
+    report = raggedfn.map_report(model, x)
+    assert_same(report.output, loop(model, x))
+    assert report.fully_batched, str(report)

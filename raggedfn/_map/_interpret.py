@@ -79,7 +79,10 @@ def run(plan: Plan, ctx: Ctx, inputs: list[Any], strict: bool, recorder: Recorde
     for step in plan.steps:
         args = tuple(resolve(a) for a in step.args)
         kwargs = {k: resolve(v) for k, v in step.kwargs.items()}
-        values.append(_run_step(ctx, step, args, kwargs, strict, recorder))
+        result = _run_step(ctx, step, args, kwargs, strict, recorder)
+        values.append(result)
+        for alias in step.rebind or ():
+            values[alias] = result
     flat = [to_output(ctx, resolve(o)) for o in plan.outputs]
     return pytree.tree_unflatten(flat, plan.out_spec)
 

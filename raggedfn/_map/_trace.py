@@ -102,6 +102,7 @@ class Step:
     op: str = ""
     rule: Any = None
     getitem: bool = False
+    rebind: tuple[int, ...] | None = None  # an in-place op's input and its aliases
 
 
 @dataclasses.dataclass
@@ -286,7 +287,7 @@ def trace(
     gm = make_fx(flat_fn, tracing_mode="symbolic", pre_dispatch=True)(*fakes)
     steps, outputs = _plan_steps(gm, len(fakes), [k.kind for k in lk if k.kind != "constant"])
     for step in steps:
-        if step.batched and _mutates(step.target):
+        if step.batched and step.rebind is None and _mutates(step.target):
             # batched values are often copies where a sample would be a view (a gathered
             # row, a canonicalised layout): an in-place op could diverge from the loop
             raise Unsupported(f"in-place op {step.op} on a per-sample value")
@@ -316,6 +317,70 @@ def _mutates(target: Any) -> bool:
     return schema is not None and any(
         a.alias_info is not None and a.alias_info.is_write for a in schema.arguments
     )
+
+
+def _aliases(node: Any) -> bool:
+    """Whether ``node``'s result may share memory with an input (a view, or unknown)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return True
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+def _functional_twin(node: Any) -> Any:
+    """The out-of-place op for an in-place ``node`` whose effect is local, or None.
+
+    Only for ``op_(h, ...)`` writing its first argument ``h`` where ``h`` is a fresh
+    tensor (made by a non-view op, possibly through other such in-place ops) that no
+    view op ever reads: then writing ``h`` and replacing ``h`` (and its in-place
+    aliases) by the result are the same for every later reader.
+    """
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not _mutates(node.target) or not node.args:
+        return None
+    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if len(written) != 1 or written[0].name != schema.arguments[0].name:
+        return None
+    if _alias_chain(node.args[0]) is None:
+        return None
+    name = schema.name.split("::")[-1]
+    if not name.endswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    overload = getattr(packet, node.target._overloadname, None) if packet is not None else None
+    if overload is None or _mutates(overload):
+        return None
+    return overload
+
+
+def _alias_chain(base: Any) -> list[Any] | None:
+    """``base`` and the nodes it aliases through handled in-place ops, back to a fresh
+    tensor; None when some alias may be a view or is read by a view op."""
+    chain = []
+    while True:
+        if not isinstance(base, torch.fx.Node):
+            return None
+        if any(not _aliases_free(user) for user in base.users):
+            return None
+        chain.append(base)
+        if not _aliases(base):
+            return chain
+        if base.op != "call_function" or not _mutates(base.target):
+            return None
+        schema = base.target._schema
+        written = [
+            a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
+        ]
+        if len(written) != 1 or written[0].name != schema.arguments[0].name:
+            return None
+        base = base.args[0]
+
+
+def _aliases_free(node: Any) -> bool:
+    """A reader of a tensor that keeps no view of it."""
+    if node.op == "output" or node.target is operator.getitem or not _aliases(node):
+        return True
+    return _mutates(node.target)  # another in-place op: rebound too, or refused
 
 
 def _plain(value: Any) -> Any:
@@ -369,18 +434,24 @@ def _plan_steps(gm: Any, num_inputs: int, kinds: list[str]) -> tuple[list[Step],
         index[node] = idx
         batched.append(is_batched)
         out = _spec_of(node.meta.get("val"))
+        target, rebind = node.target, None
+        functional = _functional_twin(node) if is_batched else None
+        if functional is not None:  # h.relu_() on a fresh h: run relu, rebind h
+            chain = _alias_chain(node.args[0]) or []
+            target, rebind = functional, tuple(index[n] for n in chain)
         steps.append(
             Step(
                 idx,
                 node.name,
-                node.target,
+                target,
                 tuple(args),
                 dict(kwargs),
                 out,
                 is_batched,
-                op_name(node.target),
-                find_rule(node.target),
+                op_name(target),
+                find_rule(target),
                 node.target is operator.getitem,
+                rebind,
             )
         )
     assert placeholder == num_inputs
