@@ -619,3 +619,18 @@ def test_in_place_ops_on_fresh_intermediates_are_batched():
     report = raggedfn.map_report(model, x)
     assert_same(report.output, loop(model, x))
     assert report.fully_batched, str(report)
+
+
+def test_whole_loop_with_pytree_arguments():
+    batch = {"a": tokens(LENGTHS), "b": weights(len(LENGTHS), D, seed=14)}
+
+    def f(inputs):
+        t = inputs["a"]
+        if t.sum() > 0:  # data-dependent: the whole call runs per sample
+            return t * inputs["b"]
+        return t - inputs["b"]
+
+    report = raggedfn.map_report(f, batch)
+    assert report.whole_loop is not None
+    expected = [f({"a": t, "b": b}) for t, b in zip(samples(batch["a"]), batch["b"], strict=True)]
+    assert_same(report.output, expected)

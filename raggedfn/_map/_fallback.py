@@ -15,7 +15,6 @@ from torch import Tensor
 
 from .._construct import from_list
 from .._errors import fail
-from .._layout import Layout
 from .._ragged import Ragged
 from ._sizes import Sz
 from ._trace import TSpec
@@ -82,13 +81,13 @@ def function_loop(
     fn: Callable[..., Any], args: tuple[Any, ...], in_dims: tuple[Any, ...], batch_size: int
 ) -> Any:
     """``[fn(*sample_i) for i]`` restacked; axes whose sizes differ become ragged."""
+
+    def pick(a: Any, i: int) -> Any:
+        return pytree.tree_map(lambda leaf: leaf[i], a, is_leaf=lambda v: isinstance(v, Ragged))
+
     results = []
     for i in range(batch_size):
-        sample = [a[i] if d == 0 else a for a, d in zip(args, in_dims, strict=True)]
-        sample = [
-            pytree.tree_map(lambda t, i=i: t[i], a) if d == 0 and not isinstance(a, Ragged) else s
-            for a, d, s in zip(args, in_dims, sample, strict=True)
-        ]
+        sample = [pick(a, i) if d == 0 else a for a, d in zip(args, in_dims, strict=True)]
         results.append(fn(*sample))
     if not results:
         raise fail(
@@ -126,4 +125,4 @@ def to_output(ctx: Ctx, value: Any) -> Any:
     return value
 
 
-__all__ = ["Layout", "function_loop", "node_loop", "restack", "sample_of", "to_output"]
+__all__ = ["function_loop", "node_loop", "restack", "sample_of", "to_output"]
