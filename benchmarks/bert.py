@@ -4,8 +4,8 @@ Scales (layers / hidden / heads, feed-forward 4x hidden): tiny 2/128/2, mini
 4/256/4, small 4/512/8, base 12/768/12. A layer is self-attention (fused QKV
 projection, scaled dot-product attention over the sample, output projection),
 residual + layer norm, GELU MLP, residual + layer norm. Modes: ``fwd`` and
-``fwd+bwd`` eager on every distribution; ``fwd compiled`` / ``fwd+bwd compiled``
-(torch.compile, inductor) on ``lognormal`` and ``equal``. ``fwd+bwd``
+``fwd+bwd``, eager and compiled (torch.compile, inductor; ``raggedfn.mark_dynamic``
+on the ragged input), on ``lognormal`` and ``equal`` (``fwd`` on ``lognormal`` only). ``fwd+bwd``
 differentiates w.r.t. the input and every parameter with a fixed cotangent.
 
 Systems (``benchmarks._systems``): ``raggedfn`` (hand-written with
@@ -13,7 +13,7 @@ Systems (``benchmarks._systems``): ``raggedfn`` (hand-written with
 (``raggedfn.map`` of the per-sample layer stack), ``padded`` (``[B, N_max, D]``
 with a boolean key mask in SDPA), ``nested`` (``torch.nested`` jagged), ``danling``
 (``NestedTensor``), ``loop`` (per-sample Python loop). Compiled modes run
-raggedfn, map and padded compiled; the others say ``missing``.
+raggedfn and padded compiled; the others say ``missing``.
 
 Sizes: the 2-core CPU this suite is budgeted for cannot run BERT-base on B = 32
 sequences of up to 512 tokens in minutes, so each scale has its own batch and
@@ -44,8 +44,9 @@ SCALES: dict[str, tuple[int, int, int]] = {  # layers, hidden, heads
 }
 # (batch, length scale) per scale: full and quick runs
 SIZES = {
-    False: {"tiny": (32, 0.25), "mini": (16, 0.25), "small": (16, 0.125), "base": (8, 0.125)},
-    True: {"tiny": (16, 0.125), "mini": (8, 0.125), "small": (8, 0.0625), "base": (4, 0.0625)},
+    False: {"tiny": (16, 0.25), "mini": (8, 0.125), "small": (8, 0.0625), "base": (4, 0.0625)},
+    # quick: no BERT-base (its fwd+bwd costs ~3 s on 2 cores even at 30 tokens: 85M weights)
+    True: {"tiny": (8, 0.125), "mini": (4, 0.125), "small": (4, 0.0625)},
 }
 PARTS = ("qkv", "o", "f1", "f2")
 
@@ -161,17 +162,29 @@ def ideal_ratio(case: Case) -> float:
 
 COMPILED_ON = ("lognormal", "equal")
 
+
+def runs(case: Case) -> bool:
+    """Which (distribution, mode) cells a run measures (the 2-core time budget).
+
+    Quick: eager ``fwd+bwd`` on ``lognormal`` and ``equal`` (no base). Full: eager and
+    compiled ``fwd+bwd`` on both, eager and compiled ``fwd`` on ``lognormal``.
+    """
+    if case.params.get("quick"):
+        return case.mode == "fwd+bwd"
+    return case.mode.startswith("fwd+bwd") or case.distribution == "lognormal"
+
+
 SUITE = SizedSuite(
     name="bert",
     workloads=list(SCALES),
     modes=["fwd", "fwd+bwd", "fwd compiled", "fwd+bwd compiled"],
     systems=systems_for(lambda case: model(case.workload)),
-    params=lambda quick: {"sizes": SIZES[quick], "scales": SCALES},
-    distributions=lambda quick: (
-        ["lognormal", "equal"] if quick else ["lognormal", "medium", "low", "equal"]
-    ),
+    params=lambda quick: {"quick": quick, "sizes": SIZES[quick], "scales": SCALES},
+    distributions=lambda quick: list(COMPILED_ON),
     ideal_ratio=ideal_ratio,
-    memory_for=lambda case: case.mode == "fwd+bwd",
+    memory_for=lambda case: (
+        not case.params["quick"] and case.mode == "fwd+bwd" and case.distribution == "lognormal"
+    ),
     sizes=lambda quick: SIZES[quick],
-    runs=lambda case: not case.mode.endswith("compiled") or case.distribution in COMPILED_ON,
+    runs=runs,
 )

@@ -83,9 +83,11 @@ SUITE = SizedSuite(
         "channels": pairformer.CHANNELS,
         "heads": pairformer.HEADS,
         "sizes": SIZES[quick],
+        "quick": quick,
     },
     distributions=lambda quick: ["pair_low", "pair_high"],
     ideal_ratio=lambda case: occupancy(case.lengths, 3),
+    memory_for=lambda case: not case.params["quick"],
     sizes=lambda quick: SIZES[quick],
     runs=lambda case: MODE_OF[case.workload] == case.mode,
 )

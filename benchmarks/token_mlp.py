@@ -70,11 +70,12 @@ SUITE = SizedSuite(
     workloads=list(WIDTHS),
     modes=["fwd", "fwd+bwd"],
     systems=systems_for(lambda case: model(case.workload)),
-    params=lambda quick: {"sizes": SIZES[quick]},
+    params=lambda quick: {"quick": quick, "sizes": SIZES[quick]},
     distributions=lambda quick: (
         ["lognormal", "equal"] if quick else ["lognormal", "medium", "low", "equal"]
     ),
     ideal_ratio=lambda case: occupancy(case.lengths, 1),
-    memory_for=lambda case: case.mode == "fwd+bwd",
+    memory_for=lambda case: not case.params["quick"] and case.mode == "fwd+bwd",
+    runs=lambda case: not case.params["quick"] or case.mode == "fwd+bwd",
     sizes=lambda quick: SIZES[quick],
 )

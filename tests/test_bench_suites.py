@@ -66,7 +66,7 @@ def test_bert_equal_lengths_and_float32() -> None:
 
 
 def test_bert_compiled_systems_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Compiled raggedfn, map and padded agree and record compile time and graphs."""
+    """Compiled raggedfn and padded agree and record compile time and graphs."""
     monkeypatch.setattr(_systems, "COMPILE_OPTIONS", {"backend": "aot_eager"})
     monkeypatch.setattr(_systems, "_COMPILED", {})
     case = Case("bert", "tiny", "fwd+bwd compiled", "lognormal", LENGTHS, {}, dtype=torch.float64)
@@ -75,11 +75,11 @@ def test_bert_compiled_systems_agree(monkeypatch: pytest.MonkeyPatch) -> None:
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         # dynamo reads .grad of a non-leaf while resuming after a graph break
         warnings.filterwarnings("ignore", message="The .grad attribute", category=UserWarning)
-        steps = _agree(bert.SUITE, case, ["raggedfn", "map"])
+        steps = _agree(bert.SUITE, case, ["raggedfn"])
     for step in steps.values():
         assert step.extra["graphs"] >= 1
         assert step.extra["compile_s"] >= 0
-    for system in ("loop", "nested", "danling"):
+    for system in ("map", "loop", "nested", "danling"):
         with pytest.raises(harness.Missing, match="eagerly only"):
             bert.SUITE.build(case, system)
 
@@ -128,7 +128,7 @@ def test_run_suite_summary_and_writers(tmp_path: pytest.TempPathFactory) -> None
     )
     record = harness.run_suite(
         suite,
-        quick=True,
+        quick=False,
         threads=1,
         warmup=0,
         repeats=3,
