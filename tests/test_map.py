@@ -634,3 +634,12 @@ def test_whole_loop_with_pytree_arguments():
     assert report.whole_loop is not None
     expected = [f({"a": t, "b": b}) for t, b in zip(samples(batch["a"]), batch["b"], strict=True)]
     assert_same(report.output, expected)
+
+
+def test_guard_fallback_keeps_the_traced_output_structure():
+    trace_batch = tokens((5, 4))
+    raggedfn.map(branch_on_length, trace_batch)  # traced on the long branch
+    equal_short = tokens((2, 2))  # all lengths equal: still a Ragged result
+    out = raggedfn.map(branch_on_length, equal_short)
+    assert isinstance(out, raggedfn.Ragged)
+    assert_same(out, loop(branch_on_length, equal_short))

@@ -13,7 +13,7 @@ import torch.utils._pytree as pytree
 from .._errors import describe, fail
 from .._ragged import Ragged
 from ._fallback import function_loop
-from ._interpret import Recorder, check_guards, make_ctx, run
+from ._interpret import Recorder, check_guards, make_ctx, output_specs, run
 from ._report import MapReport
 from ._trace import Plan, is_ragged_leaf, leaf_kinds, signature, trace
 
@@ -241,7 +241,7 @@ def _map(
             if report is not None:
                 report.whole_loop = reason
             logger.info("raggedfn.map: %s; running f per sample", reason)
-            return function_loop(f, args, dims, batch_size)
+            return function_loop(f, args, dims, batch_size, output_specs(plan))
     recorder = Recorder() if report is not None else None
     out = run(plan, ctx, inputs, strict, recorder)
     if report is not None and recorder is not None:

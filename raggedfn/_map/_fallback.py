@@ -78,9 +78,18 @@ def node_loop(
 
 
 def function_loop(
-    fn: Callable[..., Any], args: tuple[Any, ...], in_dims: tuple[Any, ...], batch_size: int
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    in_dims: tuple[Any, ...],
+    batch_size: int,
+    specs: list[Any] | None = None,
 ) -> Any:
-    """``[fn(*sample_i) for i]`` restacked; axes whose sizes differ become ragged."""
+    """``[fn(*sample_i) for i]`` restacked.
+
+    ``specs`` (the traced outputs, when a trace exists) say which axes are ragged,
+    so the result has the same structure as a batched run; without them, axes
+    whose sizes differ between samples become ragged.
+    """
 
     def pick(a: Any, i: int) -> Any:
         return pytree.tree_map(lambda leaf: leaf[i], a, is_leaf=lambda v: isinstance(v, Ragged))
@@ -97,13 +106,19 @@ def function_loop(
     flat = [pytree.tree_flatten(r) for r in results]
     spec = flat[0][1]
     columns = list(zip(*(leaves for leaves, _ in flat), strict=True))
-    packed = [_stack_column(list(col)) for col in columns]
+    if specs is None or len(specs) != len(columns):
+        specs = [None] * len(columns)
+    packed = [_stack_column(list(col), s) for col, s in zip(columns, specs, strict=True)]
     return pytree.tree_unflatten(packed, spec)
 
 
-def _stack_column(col: list[Any]) -> Any:
+def _stack_column(col: list[Any], spec: Any = None) -> Any:
     if not all(isinstance(c, Tensor) for c in col):
         return torch.tensor(col)
+    if isinstance(spec, TSpec) and all(c.ndim == len(spec.shape) for c in col):
+        positions = tuple(1 + p for p, s in enumerate(spec.shape) if isinstance(s, Sz))
+        if positions:
+            return from_list(col, ragged_dims=positions)
     shapes = {tuple(c.shape) for c in col}
     if len(shapes) == 1:
         return torch.stack(col)

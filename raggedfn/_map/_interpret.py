@@ -133,6 +133,12 @@ def _run_step(
     return node_loop(ctx, step.target, args, kwargs, out)
 
 
+def output_specs(plan: Plan) -> list[Any]:
+    """The traced spec of every flat output (None for constants and inputs)."""
+    by_index = {step.index: step.out for step in plan.steps}
+    return [by_index.get(o.index) if isinstance(o, Ref) else None for o in plan.outputs]
+
+
 def _vmap_rule(ctx: Ctx, step: Step, *args: Any, **kwargs: Any) -> Any:
     """Fixed-shape per-sample values: ``torch.vmap`` runs the op over the batch axis."""
     if ctx.batch_size == 0:
@@ -170,4 +176,4 @@ def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     return out
 
 
-__all__ = ["Recorder", "check_guards", "make_ctx", "run"]
+__all__ = ["Recorder", "check_guards", "make_ctx", "output_specs", "run"]
