@@ -17,10 +17,13 @@ from ._values import (
     Ctx,
     DenseB,
     RaggedB,
+    axes_of,
     canonical_layout,
     canonicalize,
     dense_shape,
     is_batched,
+    make_layout,
+    num_dense_of,
     struct_rows,
     sz_in_storage_order,
 )
@@ -29,7 +32,7 @@ aten = torch.ops.aten
 
 
 def _trailing_dense(x: RaggedB, count: int) -> bool:
-    return all(not a.ragged for a in x.layout.axes[x.layout.rank - count :])
+    return all(not a.ragged for a in axes_of(x.layout)[len(axes_of(x.layout)) - count :])
 
 
 @rule(aten.linear)
@@ -65,7 +68,7 @@ def embedding_rule(ctx: Ctx, step: Any, weight: Any, indices: Any, *rest: Any) -
     if is_batched(weight) or not isinstance(indices, RaggedB):
         raise Unsupported("a per-sample embedding table")
     values = step.target(weight, indices.values, *rest)
-    layout = type(indices.layout)((*indices.layout.axes, Axis(False, indices.layout.num_dense)))
+    layout = make_layout((*axes_of(indices.layout), Axis(False, num_dense_of(indices.layout))))
     return RaggedB(values, layout, indices.sz, indices.struct)
 
 

@@ -15,8 +15,10 @@ from ._values import (
     RaggedB,
     SymB,
     align,
+    axes_of,
     canonical_layout,
     is_batched,
+    num_dense_of,
     out_layout_for,
     sz_in_storage_order,
 )
@@ -57,8 +59,8 @@ def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
         if values.ndim != len(shape) + 1:
             values = values.expand(ctx.batch_size, *shape)
         return DenseB(values)
-    dense = [0] * layout.num_dense
-    for p, a in enumerate(layout.axes):
+    dense = [0] * num_dense_of(layout)
+    for p, a in enumerate(axes_of(layout)):
         if not a.ragged:
             dense[a.index] = shape[p]
     if values.ndim != 1 + len(dense) or values.shape[0] != struct.total:

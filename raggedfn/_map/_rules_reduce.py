@@ -20,6 +20,7 @@ from ._values import (
     Ctx,
     DenseB,
     RaggedB,
+    axes_of,
     canonical_layout,
     canonicalize,
     dense_shape,
@@ -137,10 +138,10 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     if not isinstance(x, RaggedB):
         raise Unsupported("a reduction of a per-sample size")
     x = canonicalize(ctx, x)
-    rank = x.layout.rank
+    rank = len(axes_of(x.layout))
     dims = _dims(bound.get("dim"), rank)
-    ragged = [p for p in dims if x.layout.axes[p].ragged]
-    dense = [p for p in dims if not x.layout.axes[p].ragged]
+    ragged = [p for p in dims if axes_of(x.layout)[p].ragged]
+    dense = [p for p in dims if not axes_of(x.layout)[p].ragged]
     if not ragged:
         return _dense_only(step, x, args, kwargs, dims)
     if kind in ("argmax", "argmin"):
@@ -151,8 +152,8 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     dtype = bound.get("dtype")
     if dtype is not None:
         values = values.to(dtype)
-    value_dims = [1 + x.layout.axes[p].index for p in dense]
-    reduced = {x.layout.axes[p].index for p in ragged}
+    value_dims = [1 + axes_of(x.layout)[p].index for p in dense]
+    reduced = {axes_of(x.layout)[p].index for p in ragged}
     index, count, sz = reduce_index(ctx, x, reduced)
     out_struct = ctx.struct(sz) if sz else None
     segments = out_struct.segments() if out_struct is not None else None
@@ -228,7 +229,7 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
 def _dense_only(
     step: Any, x: RaggedB, args: tuple[Any, ...], kwargs: dict[str, Any], dims: list[int]
 ) -> Any:
-    value_dims = [1 + x.layout.axes[p].index for p in dims]
+    value_dims = [1 + axes_of(x.layout)[p].index for p in dims]
     bound = bind(step, args, kwargs)
     names = [name for name, _, _, _ in _schema_args(step.target)]
     new_args = list(args)
@@ -248,7 +249,7 @@ def _dense_only(
 
 
 def _arg_reduce(ctx: Ctx, step: Any, x: RaggedB, dim: int, kind: str) -> Any:
-    k = x.layout.axes[dim].index
+    k = axes_of(x.layout)[dim].index
     index, count, sz = reduce_index(ctx, x, {k})
     values = x.values
     best = segment(values.detach(), index, count, "amax" if kind == "argmax" else "amin")
@@ -277,8 +278,8 @@ def softmax_rule(ctx: Ctx, step: Any, x: Any, dim: int, *rest: Any, **kwargs: An
     if not isinstance(x, RaggedB):
         raise Unsupported("softmax of a per-sample size")
     kind = _SOFTMAX[step.target.overloadpacket]
-    dim = dim % x.layout.rank
-    axis = x.layout.axes[dim]
+    dim = dim % len(axes_of(x.layout))
+    axis = axes_of(x.layout)[dim]
     if not axis.ragged:
         values = step.target(x.values, 1 + axis.index, *rest, **kwargs)
         return RaggedB(values, x.layout, x.sz, x.struct)
@@ -302,8 +303,8 @@ def softmax_rule(ctx: Ctx, step: Any, x: Any, dim: int, *rest: Any, **kwargs: An
 def cumsum_rule(ctx: Ctx, step: Any, x: Any, dim: int, dtype: Any = None) -> Any:
     if not isinstance(x, RaggedB):
         raise Unsupported("cumsum of a per-sample size")
-    dim = dim % x.layout.rank
-    axis = x.layout.axes[dim]
+    dim = dim % len(axes_of(x.layout))
+    axis = axes_of(x.layout)[dim]
     values = x.values if dtype is None else x.values.to(dtype)
     if not axis.ragged:
         return RaggedB(values.cumsum(1 + axis.index).to(step.out.dtype), x.layout, x.sz, x.struct)
@@ -331,8 +332,8 @@ def max_dim_rule(ctx: Ctx, step: Any, x: Any, dim: int, keepdim: bool = False) -
     if not isinstance(x, RaggedB):
         raise Unsupported("max of a per-sample size")
     x = canonicalize(ctx, x)
-    dim = dim % x.layout.rank
-    axis = x.layout.axes[dim]
+    dim = dim % len(axes_of(x.layout))
+    axis = axes_of(x.layout)[dim]
     values_spec, index_spec = step.out
     if not axis.ragged:
         values, indices = step.target(x.values, 1 + axis.index, keepdim)

@@ -18,11 +18,14 @@ from ._values import (
     RaggedB,
     SymB,
     align,
+    axes_of,
     canonical_layout,
     canonicalize,
     dense_shape,
     is_batched,
+    make_layout,
     make_ragged,
+    num_ragged_of,
     struct_rows,
     sz_in_storage_order,
 )
@@ -89,11 +92,11 @@ def reshape_rule(ctx: Ctx, step: Any, x: Any, *rest: Any, **kwargs: Any) -> Any:
 
 def _check_squeeze(ctx: Ctx, x: RaggedB, rest: tuple[Any, ...]) -> None:
     """torch's symbolic squeeze assumes a symbolic size is never 1 (and records no guard)."""
-    rank = x.layout.rank
+    rank = len(axes_of(x.layout))
     dims = list(range(rank)) if not rest else rest[0]
     dims = [dims] if isinstance(dims, int) else list(dims)
     for d in dims:
-        axis = x.layout.axes[d % rank]
+        axis = axes_of(x.layout)[d % rank]
         if axis.ragged and not torch.compiler.is_compiling():
             if bool((x.struct.sizes[:, axis.index] == 1).any()):
                 raise fail(
@@ -107,7 +110,7 @@ def _permuted(ctx: Ctx, x: Any, perm: list[int]) -> Any:
     if isinstance(x, DenseB):
         return DenseB(x.data.permute(0, *(1 + p for p in perm)))
     if isinstance(x, RaggedB):
-        layout = Layout(tuple(x.layout.axes[p] for p in perm))
+        layout = make_layout(tuple(axes_of(x.layout)[p] for p in perm))
         return RaggedB(x.values, layout, x.sz, x.struct)
     raise Unsupported("permute of a per-sample size")
 
@@ -116,7 +119,7 @@ def _rank(x: Any) -> int:
     if isinstance(x, DenseB):
         return x.data.ndim - 1
     if isinstance(x, RaggedB):
-        return x.layout.rank
+        return len(axes_of(x.layout))
     raise Unsupported("not a tensor")
 
 
@@ -194,8 +197,8 @@ def _take(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: 
     ``dim`` (``out_coord`` is None when the axis is removed, as by ``select``).
     """
     x = canonicalize(ctx, x)
-    k_dim = x.layout.axes[dim].index
-    keeps_axis = len(out_shape) == x.layout.rank
+    k_dim = axes_of(x.layout)[dim].index
+    keeps_axis = len(out_shape) == len(axes_of(x.layout))
     positions = _ragged_positions(out_shape)
     if keeps_axis and not isinstance(out_shape[dim], Sz):
         return _take_fixed(ctx, x, dim, out_shape, index_of)
@@ -212,7 +215,7 @@ def _take(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: 
     size = x.struct.sizes[segments, k_dim]
     coords: list[Any] = []
     it = iter(out_coords)
-    for k in range(x.layout.num_ragged):
+    for k in range(num_ragged_of(x.layout)):
         if k == k_dim:
             coords.append(index_of(next(it) if keeps_axis else None, segments, size))
         else:
@@ -228,7 +231,7 @@ def _take(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: 
 def _take_fixed(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: Any) -> Any:
     """A ragged axis sliced to a fixed size ``m`` (e.g. ``x[:3]`` under the guard
     ``s0 >= 3``): it becomes a dense axis; every kept row gathers ``m`` rows."""
-    k_dim = x.layout.axes[dim].index
+    k_dim = axes_of(x.layout)[dim].index
     m = int(out_shape[dim])
     positions = _ragged_positions(out_shape)
     if positions:
@@ -246,10 +249,10 @@ def _take_fixed(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], inde
     steps = torch.arange(m, device=ctx.device)[None, :]
     coords: list[Any] = []
     it = iter(out_coords)
-    for k in range(x.layout.num_ragged):
+    for k in range(num_ragged_of(x.layout)):
         coords.append(index_of(steps, segments, size) if k == k_dim else next(it)[:, None])
     values = x.values[struct_rows(x.struct, segments, coords)]  # [n, m, *dense]
-    before = sum(1 for q, a in enumerate(x.layout.axes) if not a.ragged and q < dim)
+    before = sum(1 for q, a in enumerate(axes_of(x.layout)) if not a.ragged and q < dim)
     values = values.movedim(1, 1 + before)
     if struct is None:
         return DenseB(values.reshape(ctx.batch_size, *out_shape))
@@ -257,15 +260,15 @@ def _take_fixed(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], inde
 
 
 def _dense_axis_op(x: RaggedB, dim: int, fn: Any, removes: bool) -> RaggedB:
-    axis = x.layout.axes[dim]
+    axis = axes_of(x.layout)[dim]
     values = fn(x.values, 1 + axis.index)
-    axes = list(x.layout.axes)
+    axes = list(axes_of(x.layout))
     if removes:
         del axes[dim]
         axes = [
             Axis(False, a.index - 1) if not a.ragged and a.index > axis.index else a for a in axes
         ]
-    return RaggedB(values, Layout(tuple(axes)), x.sz, x.struct)
+    return RaggedB(values, make_layout(tuple(axes)), x.sz, x.struct)
 
 
 def _scalar(ctx: Ctx, v: Any, segments: Tensor) -> Any:
@@ -282,8 +285,8 @@ def select_rule(ctx: Ctx, step: Any, x: Any, dim: int, index: Any) -> Any:
         return DenseB(x.data.select(1 + dim % _rank(x), index))
     if not isinstance(x, RaggedB):
         raise Unsupported("select of a per-sample size")
-    dim = dim % x.layout.rank
-    if not x.layout.axes[dim].ragged and not is_batched(index):
+    dim = dim % len(axes_of(x.layout))
+    if not axes_of(x.layout)[dim].ragged and not is_batched(index):
         return _dense_axis_op(x, dim, lambda v, d: v.select(d, index), removes=True)
 
     def index_of(_: Any, segments: Tensor, size: Tensor) -> Tensor:
@@ -317,8 +320,8 @@ def slice_rule(
         return DenseB(aten.slice(x.data, 1 + dim % _rank(x), start, end, stride))
     if not isinstance(x, RaggedB):
         raise Unsupported("slice of a per-sample size")
-    dim = dim % x.layout.rank
-    if not x.layout.axes[dim].ragged and not any(is_batched(v) for v in (start, end)):
+    dim = dim % len(axes_of(x.layout))
+    if not axes_of(x.layout)[dim].ragged and not any(is_batched(v) for v in (start, end)):
         return _dense_axis_op(x, dim, lambda v, d: aten.slice(v, d, start, end, stride), False)
     xs = x.shape()[dim]
     if (
@@ -342,8 +345,8 @@ def narrow_rule(ctx: Ctx, step: Any, x: Any, dim: int, start: Any, length: Any) 
         return DenseB(x.data.narrow(1 + dim % _rank(x), start, length))
     if not isinstance(x, RaggedB):
         raise Unsupported("narrow of a per-sample size")
-    dim = dim % x.layout.rank
-    if not x.layout.axes[dim].ragged and not any(is_batched(v) for v in (start, length)):
+    dim = dim % len(axes_of(x.layout))
+    if not axes_of(x.layout)[dim].ragged and not any(is_batched(v) for v in (start, length)):
         return _dense_axis_op(x, dim, lambda v, d: v.narrow(d, start, length), False)
 
     def index_of(out_coord: Tensor, segments: Tensor, size: Tensor) -> Tensor:
@@ -381,13 +384,13 @@ def cat_rule(ctx: Ctx, step: Any, tensors: Any, dim: int = 0) -> Any:
             return DenseB(torch.cat([p.data for p in pieces], 1 + dim))
         sz = sz_in_storage_order(shape, layout)
         struct = ctx.struct(sz)
-        j = layout.axes[dim].index
+        j = axes_of(layout)[dim].index
         values = torch.cat([canonicalize(ctx, p).values for p in pieces], 1 + j)
         return RaggedB(values, layout, sz, struct)
     # concatenation along a ragged axis: place every piece's rows, then permute once
     out_sz = sz_in_storage_order(shape, layout)
     out = ctx.struct(out_sz)
-    k_cat = layout.axes[dim].index
+    k_cat = axes_of(layout)[dim].index
     all_values, all_rows = [], []
     before = None
     for t in parts:
@@ -489,8 +492,8 @@ def split_rule(ctx: Ctx, step: Any, x: Any, *rest: Any, **kwargs: Any) -> Any:
         dim = rest[0] if rest else kwargs.get("dim", 0)
     else:
         dim = rest[1] if len(rest) > 1 else kwargs.get("dim", 0)
-    dim = dim % x.layout.rank
-    axis = x.layout.axes[dim]
+    dim = dim % len(axes_of(x.layout))
+    axis = axes_of(x.layout)[dim]
     if axis.ragged:
         raise Unsupported("a split along a ragged axis")
     if packet is aten.unbind:

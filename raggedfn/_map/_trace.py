@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import (
 from .._ragged import Ragged
 from ._registry import find_rule, op_name
 from ._sizes import Evaluator, Sz, Unsupported, compile_expr, sz_of
+from ._values import axes_of, num_ragged_of
 
 # Distinct example sizes: relations between symbols that the trace relies on
 # become explicit guards, none hold by accident.
@@ -144,7 +145,7 @@ def signature(leaves: list[Any], kinds: list[str]) -> tuple[Any, ...]:
     out: list[Any] = []
     for leaf, kind in zip(leaves, kinds, strict=True):
         if kind == "ragged":
-            axes = tuple((a.ragged, a.index) for a in leaf.layout.axes)
+            axes = tuple((a.ragged, a.index) for a in axes_of(leaf.layout))
             v = leaf.values
             out.append(("R", axes, str(v.dtype), tuple(int(d) for d in v.shape[1:]), str(v.device)))
         elif kind == "dense":
@@ -247,14 +248,14 @@ def trace(
         if kind == "ragged":
             dense = tuple(leaf.values.shape[1:])
             shape, dynamic = [], []
-            leaf_hints = [next(axis_hints) for _ in range(leaf.layout.num_ragged)]
-            for a in leaf.layout.axes:
+            leaf_hints = [next(axis_hints) for _ in range(num_ragged_of(leaf.layout))]
+            for a in axes_of(leaf.layout):
                 shape.append(leaf_hints[a.index] if a.ragged else dense[a.index])
                 dynamic.append(a.ragged)
             fake = _fake(mode, tuple(shape), dynamic, leaf.values)
-            symbols: list[str] = [""] * leaf.layout.num_ragged
-            szs: list[Any] = [None] * leaf.layout.num_ragged
-            for p, a in enumerate(leaf.layout.axes):
+            symbols: list[str] = [""] * num_ragged_of(leaf.layout)
+            szs: list[Any] = [None] * num_ragged_of(leaf.layout)
+            for p, a in enumerate(axes_of(leaf.layout)):
                 if a.ragged:
                     expr = fake.shape[p].node.expr  # type: ignore[attr-defined]
                     symbols[a.index] = expr.name

@@ -17,8 +17,40 @@ import torch
 from torch import Tensor
 
 from .._index import local_positions, offsets_of, segment_ids
-from .._layout import Layout
+from .._layout import Axis, Layout
 from ._sizes import Env, Sz, Unsupported, product_key
+
+_AXES: dict[str, tuple[Axis, ...]] = {}
+
+
+def axes_of(layout: Layout) -> tuple[Axis, ...]:
+    """``layout.axes``, parsed once per layout (it is re-parsed on every access)."""
+    found = _AXES.get(layout.code)
+    if found is None:
+        found = layout.axes
+        _AXES[layout.code] = found
+    return found
+
+
+def num_ragged_of(layout: Layout) -> int:
+    return sum(1 for a in axes_of(layout) if a.ragged)
+
+
+def num_dense_of(layout: Layout) -> int:
+    return sum(1 for a in axes_of(layout) if not a.ragged)
+
+
+_LAYOUTS: dict[tuple[Axis, ...], Layout] = {}
+
+
+def make_layout(axes: tuple[Axis, ...]) -> Layout:
+    """``Layout(axes)``, built (and validated) once per distinct axes tuple."""
+    key = tuple(axes)
+    found = _LAYOUTS.get(key)
+    if found is None:
+        found = Layout(key)
+        _LAYOUTS[key] = found
+    return found
 
 
 class Struct:
@@ -79,10 +111,10 @@ class RaggedB:
     def shape(self) -> tuple[Any, ...]:
         """Logical per-sample shape: ints for dense axes, :class:`Sz` for ragged ones."""
         dense = self.values.shape[1:]
-        return tuple(self.sz[a.index] if a.ragged else dense[a.index] for a in self.layout.axes)
+        return tuple(self.sz[a.index] if a.ragged else dense[a.index] for a in axes_of(self.layout))
 
     def positions(self) -> tuple[int, ...]:
-        return tuple(p for p, a in enumerate(self.layout.axes) if a.ragged)
+        return tuple(p for p, a in enumerate(axes_of(self.layout)) if a.ragged)
 
 
 def is_batched(value: Any) -> bool:
@@ -150,18 +182,27 @@ def struct_rows(struct: Struct, segments: Tensor, coords: list[Any]) -> Tensor:
     return start if row is None else start + row
 
 
+_CANONICAL: dict[tuple[int, tuple[int, ...]], Layout] = {}
+
+
 def canonical_layout(rank: int, positions: tuple[int, ...]) -> Layout:
-    return Layout.from_ragged_positions(rank, positions)
+    """Ragged axes numbered in logical order, dense axes likewise (cached)."""
+    key = (rank, tuple(positions))
+    found = _CANONICAL.get(key)
+    if found is None:
+        found = Layout.from_ragged_positions(rank, positions)
+        _CANONICAL[key] = found
+    return found
 
 
 def canonicalize(ctx: Ctx, x: RaggedB) -> RaggedB:
     """The same value with ragged axes stored in logical order and dense axes in logical order."""
     positions = x.positions()
-    target = canonical_layout(x.layout.rank, positions)
+    target = canonical_layout(len(axes_of(x.layout)), positions)
     if x.layout == target:
         return x
-    ragged_order = [a.index for a in x.layout.axes if a.ragged]
-    dense_order = [a.index for a in x.layout.axes if not a.ragged]
+    ragged_order = [a.index for a in axes_of(x.layout) if a.ragged]
+    dense_order = [a.index for a in axes_of(x.layout) if not a.ragged]
     values, sz, struct = x.values, x.sz, x.struct
     if ragged_order != sorted(ragged_order):
         sz = tuple(x.sz[k] for k in ragged_order)
@@ -199,9 +240,9 @@ def align(
     broadcasts. Python scalars and 0-d unbatched tensors pass through.
     """
     n = len(shape)
-    ragged_pos = {p: a.index for p, a in enumerate(layout.axes) if a.ragged}
-    want = [0] * layout.num_dense  # logical position of each dense storage axis
-    for p, a in enumerate(layout.axes):
+    ragged_pos = {p: a.index for p, a in enumerate(axes_of(layout)) if a.ragged}
+    want = [0] * num_dense_of(layout)  # logical position of each dense storage axis
+    for p, a in enumerate(axes_of(layout)):
         if not a.ragged:
             want[a.index] = p
     if isinstance(operand, SymB):
@@ -257,12 +298,12 @@ def _align_ragged(
     if struct is None:
         raise Unsupported("a ragged operand in an op whose result has no ragged axis")
     n = len(shape)
-    shift = n - x.layout.rank
+    shift = n - len(axes_of(x.layout))
     xshape = x.shape()
-    out_k = {p: a.index for p, a in enumerate(layout.axes) if a.ragged}
-    coords: list[Any] = [None] * x.layout.num_ragged
+    out_k = {p: a.index for p, a in enumerate(axes_of(layout)) if a.ragged}
+    coords: list[Any] = [None] * num_ragged_of(x.layout)
     identity = True
-    for q, a in enumerate(x.layout.axes):
+    for q, a in enumerate(axes_of(x.layout)):
         if not a.ragged:
             continue
         p = q + shift
@@ -280,8 +321,8 @@ def _align_ragged(
             rows = rows_of(x, struct.segments(), [out_coords[c] for c in coords])
             values = values[rows]
     # dense axes of x: values dim 1 + j sits at logical position q + shift
-    have_pos = [0] * x.layout.num_dense
-    for q, a in enumerate(x.layout.axes):
+    have_pos = [0] * num_dense_of(x.layout)
+    for q, a in enumerate(axes_of(x.layout)):
         if not a.ragged:
             have_pos[a.index] = q + shift
     # dense axes of x at ragged result positions have size 1: drop them
@@ -300,7 +341,7 @@ def out_layout_for(shape: tuple[Any, ...], operands: list[Any]) -> Layout:
     """Layout of a result of logical ``shape``: that of a full-shape ragged operand if any."""
     positions = tuple(p for p, s in enumerate(shape) if isinstance(s, Sz))
     for x in operands:
-        if isinstance(x, RaggedB) and x.layout.rank == len(shape):
+        if isinstance(x, RaggedB) and len(axes_of(x.layout)) == len(shape):
             xs = x.shape()
             if all(
                 (isinstance(s, Sz) and isinstance(xs[p], Sz) and xs[p].key == s.key)
@@ -312,8 +353,8 @@ def out_layout_for(shape: tuple[Any, ...], operands: list[Any]) -> Layout:
 
 
 def sz_in_storage_order(shape: tuple[Any, ...], layout: Layout) -> tuple[Sz, ...]:
-    out: list[Any] = [None] * layout.num_ragged
-    for p, a in enumerate(layout.axes):
+    out: list[Any] = [None] * num_ragged_of(layout)
+    for p, a in enumerate(axes_of(layout)):
         if a.ragged:
             out[a.index] = shape[p]
     return tuple(out)
@@ -325,8 +366,8 @@ def make_ragged(ctx: Ctx, values: Tensor, shape: tuple[Any, ...], layout: Layout
 
 
 def dense_shape(shape: tuple[Any, ...], layout: Layout) -> list[int]:
-    out = [0] * layout.num_dense
-    for p, a in enumerate(layout.axes):
+    out = [0] * num_dense_of(layout)
+    for p, a in enumerate(axes_of(layout)):
         if not a.ragged:
             out[a.index] = shape[p]
     return out
@@ -335,7 +376,7 @@ def dense_shape(shape: tuple[Any, ...], layout: Layout) -> list[int]:
 def reduce_index(ctx: Ctx, x: RaggedB, reduced: set[int]) -> tuple[Tensor, Any, tuple[Sz, ...]]:
     """For reducing ragged axes ``reduced`` (storage k) of canonical ``x``: each row's
     target row, the number of targets, and the remaining sizes."""
-    keep = [k for k in range(x.layout.num_ragged) if k not in reduced]
+    keep = [k for k in range(num_ragged_of(x.layout)) if k not in reduced]
     segments = x.struct.segments()
     if not keep:
         return segments, ctx.batch_size, ()
