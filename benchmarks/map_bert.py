@@ -10,7 +10,8 @@ Systems (same ``torch.nn.TransformerEncoderLayer`` parameters everywhere):
   ``layer_norm``) on the packed batch.
 
 Usage: ``python -m benchmarks.map_bert [--quick] [--threads 1] [--repeats 5]``.
-Prints a markdown table (median ms, ratio to hand-written and to padded eager)
+Prints a markdown table (median ms; ratios are medians of per-round ratios, all
+systems running back to back in each round)
 and the trace time of ``map`` per signature.
 """
 
@@ -59,17 +60,6 @@ def hand_written(x: raggedfn.Ragged, p: dict[str, torch.Tensor]) -> raggedfn.Rag
     ff = ff.with_values(F.relu(ff.values))
     ff = raggedfn.linear(ff, p["linear2.weight"], p["linear2.bias"])
     return raggedfn.layer_norm(h + ff, D_MODEL, p["norm2.weight"], p["norm2.bias"])
-
-
-def median_ms(run: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -163,15 +153,31 @@ def main(argv: list[str] | None = None) -> None:
             "fwd+bwd": fwd_bwd(padded_loss(lambda a, m: compiled(trainable, a, m))),
         }
 
-    results: dict[str, dict[str, float]] = {}
-    for name, modes in systems.items():
-        results[name] = {}
-        for mode, run in modes.items():
-            if mode == "fwd":
-                with torch.no_grad():
-                    results[name][mode] = median_ms(run, args.repeats)
-            else:
-                results[name][mode] = median_ms(run, args.repeats)
+    # rounds: every system runs once per round, back to back, so a change of load on
+    # the shared machine hits all of them; ratios are medians of per-round ratios
+    times: dict[str, dict[str, list[float]]] = {n: {m: [] for m in systems[n]} for n in systems}
+
+    def once(run: Callable[[], Any], mode: str) -> float:
+        start = time.perf_counter()
+        if mode == "fwd":
+            with torch.no_grad():
+                run()
+        else:
+            run()
+        return 1000 * (time.perf_counter() - start)
+
+    for mode in ("fwd", "fwd+bwd"):
+        for _ in range(2):  # warm-up
+            for name in systems:
+                once(systems[name][mode], mode)
+        for _ in range(args.repeats):
+            for name in systems:
+                times[name][mode].append(once(systems[name][mode], mode))
+
+    def ratio(name: str, ref: str, mode: str) -> float:
+        pairs = zip(times[name][mode], times[ref][mode], strict=True)
+        return statistics.median(a / b for a, b in pairs)
+
     print(
         f"B = {args.batch}, lengths lognormal mean {sum(lengths) / len(lengths):.0f} "
         f"max {longest}, d_model {D_MODEL}, threads {args.threads}, "
@@ -186,12 +192,13 @@ def main(argv: list[str] | None = None) -> None:
         "| fwd vs padded eager | fwd+bwd vs padded eager |"
     )
     print("|---|---|---|---|---|---|---|")
-    hand, pad = results["hand-written"], results["padded"]
-    for name, r in results.items():
+    for name in systems:
+        t = times[name]
         print(
-            f"| {name} | {r['fwd']:.1f} | {r['fwd+bwd']:.1f} | {r['fwd'] / hand['fwd']:.2f} "
-            f"| {r['fwd+bwd'] / hand['fwd+bwd']:.2f} | {r['fwd'] / pad['fwd']:.2f} "
-            f"| {r['fwd+bwd'] / pad['fwd+bwd']:.2f} |"
+            f"| {name} | {statistics.median(t['fwd']):.1f} | {statistics.median(t['fwd+bwd']):.1f} "
+            f"| {ratio(name, 'hand-written', 'fwd'):.2f} "
+            f"| {ratio(name, 'hand-written', 'fwd+bwd'):.2f} "
+            f"| {ratio(name, 'padded', 'fwd'):.2f} | {ratio(name, 'padded', 'fwd+bwd'):.2f} |"
         )
 
 
