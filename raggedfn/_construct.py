@@ -479,6 +479,19 @@ def to_nested(x: Ragged) -> Tensor:
     """A ``torch.nested`` jagged tensor sharing ``values`` (one ragged axis at axis 1).
 
     The min/max sequence lengths are passed so torch never pads to the total length.
+
+    Args:
+        x: a value of logical shape ``(B, N*, ...)`` with ``B >= 1``.
+
+    Returns:
+        A jagged nested tensor of shape ``(B, j, ...)`` whose ``values()`` is ``x.values``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_lengths(torch.zeros(5, 2), [2, 3])
+        >>> njt = raggedfn.to_nested(x)
+        >>> njt.is_nested, njt.values().data_ptr() == x.values.data_ptr()
+        (True, True)
     """
     _require_tokens("to_nested", x)
     if x.batch_size == 0:
@@ -493,7 +506,20 @@ def to_nested(x: Ragged) -> Tensor:
 
 
 def from_nested(njt: Tensor) -> Ragged:
-    """A ``Ragged`` sharing the packed values of a ``torch.nested`` jagged tensor."""
+    """A ``Ragged`` sharing the packed values of a ``torch.nested`` jagged tensor.
+
+    Args:
+        njt: a ``layout=torch.jagged`` nested tensor ragged along axis 1, without holes.
+
+    Returns:
+        ``Ragged`` of logical shape ``(B, N*, ...)`` with ``values`` = ``njt.values()``.
+
+    Example:
+        >>> import torch, raggedfn
+        >>> njt = torch.nested.nested_tensor_from_jagged(torch.zeros(5, 2), torch.tensor([0, 2, 5]))
+        >>> raggedfn.from_nested(njt).lengths.tolist()
+        [2, 3]
+    """
     fn = "from_nested"
     if not isinstance(njt, Tensor) or not njt.is_nested or njt.layout != torch.jagged:
         got = (

@@ -131,6 +131,7 @@ class Ragged:
         return 1 + self.layout.rank
 
     def dim(self) -> int:
+        """Logical rank, like ``Tensor.dim()``."""
         return self.ndim
 
     @property
@@ -140,14 +141,17 @@ class Ragged:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of ``values``."""
         return self.values.dtype
 
     @property
     def device(self) -> torch.device:
+        """The device of ``values`` (``offsets`` and ``sizes`` live there too)."""
         return self.values.device
 
     @property
     def requires_grad(self) -> bool:
+        """Whether ``values`` requires grad."""
         return self.values.requires_grad
 
     def __len__(self) -> int:
@@ -184,15 +188,19 @@ class Ragged:
         return Ragged(values, offsets, sizes, self.layout)
 
     def detach(self) -> Ragged:
+        """The same value with ``values`` detached from the autograd graph."""
         return Ragged(self.values.detach(), self.offsets, self.sizes, self.layout)
 
     def cpu(self) -> Ragged:
+        """``self.to("cpu")``."""
         return self.to("cpu")
 
     def double(self) -> Ragged:
+        """``values`` as float64."""
         return self.to(torch.float64)
 
     def float(self) -> Ragged:
+        """``values`` as float32."""
         return self.to(torch.float32)
 
     # ----- indexing ---------------------------------------------------------
@@ -237,6 +245,7 @@ class Ragged:
         )
 
     def __iter__(self) -> Any:
+        """The samples, as ``x[0], x[1], ...`` (host sync per sample)."""
         return iter([self[i] for i in range(len(self))])
 
     def __repr__(self) -> str:
