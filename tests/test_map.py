@@ -643,3 +643,22 @@ def test_guard_fallback_keeps_the_traced_output_structure():
     out = raggedfn.map(branch_on_length, equal_short)
     assert isinstance(out, raggedfn.Ragged)
     assert_same(out, loop(branch_on_length, equal_short))
+
+
+def masked_attention(t):
+    n = t.shape[0]
+    position = torch.arange(n)
+    keep = (position[None, :] <= position[:, None] + 1) & (position[None, :] != 2)
+    bias = (position[:, None] - position[None, :]).to(t.dtype) / 4
+    a = F.scaled_dot_product_attention(t[None], t[None], t[None], attn_mask=keep)[0]
+    b = F.scaled_dot_product_attention(t[None], t[None], t[None], attn_mask=bias)[0]
+    earlier = position[None, :] < position[:, None]  # the first query sees no key: zeros
+    c = F.scaled_dot_product_attention(t[None], t[None], t[None], attn_mask=earlier)[0]
+    return a + b + c
+
+
+def test_attention_with_per_sample_masks():
+    x = tokens((3, 1, 5, 0))
+    report = raggedfn.map_report(masked_attention, x)
+    assert_same(report.output, loop(masked_attention, x))
+    assert report.fully_batched, str(report)

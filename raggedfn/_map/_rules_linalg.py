@@ -17,6 +17,7 @@ from ._values import (
     Ctx,
     DenseB,
     RaggedB,
+    align,
     axes_of,
     canonical_layout,
     canonicalize,
@@ -228,8 +229,6 @@ def sdpa_rule(
         raise Unsupported("attention dropout")
     if enable_gqa:
         raise Unsupported("grouped-query attention")
-    if attn_mask is not None and is_batched(attn_mask):
-        raise Unsupported("a per-sample attention mask")
     shape_q, shape_k, shape_v = _logical(q), _logical(k), _logical(v)
     lq, lk = shape_q[-2], shape_k[-2]
     if (
@@ -259,13 +258,25 @@ def sdpa_rule(
     if is_causal:
         scores = scores.masked_fill((j > i).reshape(-1, *([1] * (scores.ndim - 1))), float("-inf"))
     if attn_mask is not None:
-        raise Unsupported("an explicit attention mask")
+        # the mask broadcast to (*lead, L, S), laid out like the pairs: [P, *lead]
+        mask_shape = (*shape_q[:-2], lq, lk)
+        rank = len(mask_shape)
+        mask = align(
+            ctx, attn_mask, mask_shape, canonical_layout(rank, (rank - 2, rank - 1)), pairs
+        )
+        if not isinstance(mask, Tensor):
+            raise Unsupported("a scalar attention mask")
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
     query_rows = struct_rows(q.struct, segments, [i])
     peak = segment(scores.detach(), query_rows, q.struct.total, "amax")
     peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
     weights = (scores - peak[query_rows]).exp()
     total = segment(weights, query_rows, q.struct.total, "sum")
-    weights = weights / total[query_rows]
+    # a query whose keys are all masked gets zeros, as torch's SDPA (_safe_softmax)
+    weights = torch.where(total[query_rows] == 0, 0.0, weights / total[query_rows])
     out = segment(weights.unsqueeze(-1) * v.values[rows_k], query_rows, q.struct.total, "sum")
     return RaggedB(out.to(step.out.dtype), q.layout, q.sz, q.struct)
 

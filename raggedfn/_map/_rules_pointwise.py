@@ -30,7 +30,16 @@ def _cast(values: Tensor, dtype: torch.dtype) -> Tensor:
     return values if values.dtype == dtype else values.to(dtype)
 
 
-@rule("pointwise", aten.masked_fill, aten.where)
+@rule(
+    "pointwise",
+    aten.masked_fill,
+    aten.where,
+    aten.__and__,
+    aten.__or__,
+    aten.__xor__,
+    aten.__lshift__,
+    aten.__rshift__,
+)
 def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     """Broadcast every operand to the result's packed layout, then run the op once."""
     spec = step.out
