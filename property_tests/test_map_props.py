@@ -180,10 +180,38 @@ def _check(x, f, dtype):
     if not expected:
         return
     want = torch.autograd.grad(ref_loss, leaves, allow_unused=True)
-    for g, w, leaf in zip(got, want, leaves, strict=True):
-        g = torch.zeros_like(leaf) if g is None else g
-        w = torch.zeros_like(leaf) if w is None else w
-        torch.testing.assert_close(g, w)
+    got = [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(got, leaves, strict=True)]
+    want = [
+        torch.zeros_like(leaf) if w is None else w for w, leaf in zip(want, leaves, strict=True)
+    ]
+    if dtype == torch.float64:
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w)
+        return
+    # float32 gradients through a few ops differ from the loop's by summation order
+    # alone (segment sums vs per-sample sums). Judge both against the float64 loop:
+    # map must be about as accurate as the float32 loop itself.
+    exact = _float64_grads(x, f)
+    eps = torch.finfo(torch.float32).eps
+    for g, w, e in zip(got, want, exact, strict=True):
+        if e.numel() == 0:
+            continue
+        map_error = (g.double() - e).abs().max()
+        loop_error = (w.double() - e).abs().max()
+        bound = 4 * loop_error + 4 * eps * e.abs().max()
+        assert map_error <= bound, (float(map_error), float(loop_error), float(bound))
+
+
+def _float64_grads(x, f) -> list[torch.Tensor]:
+    values = x.values.detach().double().requires_grad_()
+    p = params(torch.float64)
+    expected = loop(f, x.with_values(values), p)
+    ref_loss = sum((e["tokens"] * e["tokens"]).sum() + e["pooled"].sin().sum() for e in expected)
+    leaves = [values, *p.values()]
+    grads = torch.autograd.grad(ref_loss, leaves, allow_unused=True)
+    return [
+        torch.zeros_like(leaf) if g is None else g for g, leaf in zip(grads, leaves, strict=True)
+    ]
 
 
 @settings(deadline=None, max_examples=30)
