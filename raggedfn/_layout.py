@@ -23,6 +23,14 @@ class Axis(NamedTuple):
 RAGGED_NAMES = ("N", "M", "K", "L", "P", "Q")
 
 
+def _parse(code: str) -> tuple[Axis, ...]:
+    return tuple(Axis(part[0] == "r", int(part[1:])) for part in code.split())
+
+
+# eager calls read parsed layouts from here (a handful of distinct codes per program)
+_PARSED: dict[str, tuple[Axis, ...]] = {}
+
+
 @dataclass(frozen=True)
 class Layout:
     """Logical axis order of one sample (the batch axis is not included).
@@ -60,7 +68,12 @@ class Layout:
     @property
     def axes(self) -> tuple[Axis, ...]:
         """One :class:`Axis` per logical sample axis."""
-        return tuple(Axis(part[0] == "r", int(part[1:])) for part in self.code.split())
+        if torch.compiler.is_compiling():  # parse: constants for dynamo, no global state
+            return _parse(self.code)
+        found = _PARSED.get(self.code)
+        if found is None:
+            found = _PARSED[self.code] = _parse(self.code)
+        return found
 
     def __repr__(self) -> str:
         return f"Layout({self.code!r})"
