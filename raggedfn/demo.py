@@ -1,6 +1,6 @@
 """The main demo (``make demo``): a per-sample transformer trained on ragged batches.
 
-The task: a sequence of digits (lengths 4..64) is labelled 1 when it holds more
+The task: a sequence of digits (odd lengths 5..65) is labelled 1 when it holds more
 odd than even digits, so the model has to look at the whole sequence. The model
 is written for ONE sample (``model`` below: ordinary torch code on a ``[N]``
 tensor of token ids), mapped over the packed batch with ``raggedfn.map``,
@@ -32,7 +32,6 @@ from torch import Tensor
 import raggedfn
 
 DIM, HEADS, VOCAB = 32, 4, 10
-HEAD_DIM = DIM // HEADS
 Params = dict[str, Tensor]
 
 # torch 2.13's dynamo instantiates torch.autograd.Function() for the ctx of each custom
@@ -42,35 +41,36 @@ warnings.filterwarnings(
 )
 
 
-def init_params(seed: int = 0) -> Params:
+def init_params(seed: int = 0, dim: int = DIM) -> Params:
     gen = torch.Generator().manual_seed(seed)
 
     def dense(rows: int, cols: int) -> Tensor:
         return torch.randn(rows, cols, generator=gen) / math.sqrt(cols)
 
     return {
-        "embed": torch.randn(VOCAB, DIM, generator=gen),
-        "wq": dense(DIM, DIM),
-        "wk": dense(DIM, DIM),
-        "wv": dense(DIM, DIM),
-        "wo": dense(DIM, DIM),
-        "w1": dense(2 * DIM, DIM),
-        "b1": torch.zeros(2 * DIM),
-        "w2": dense(DIM, 2 * DIM),
-        "b2": torch.zeros(DIM),
-        "wc": dense(2, DIM),
+        "embed": torch.randn(VOCAB, dim, generator=gen),
+        "wq": dense(dim, dim),
+        "wk": dense(dim, dim),
+        "wv": dense(dim, dim),
+        "wo": dense(dim, dim),
+        "w1": dense(2 * dim, dim),
+        "b1": torch.zeros(2 * dim),
+        "w2": dense(dim, 2 * dim),
+        "b2": torch.zeros(dim),
+        "wc": dense(2, dim),
         "bc": torch.zeros(2),
     }
 
 
 def model(tokens: Tensor, p: Params) -> Tensor:
     """One sample: ``tokens [N]`` int64 -> logits ``[2]``. Plain torch, no raggedfn."""
+    dim = p["wq"].shape[0]
     h = F.embedding(tokens, p["embed"])  # [N, D]
-    q = (h @ p["wq"]).view(-1, HEADS, HEAD_DIM).transpose(0, 1)  # [H, N, Dh]
-    k = (h @ p["wk"]).view(-1, HEADS, HEAD_DIM).transpose(0, 1)
-    v = (h @ p["wv"]).view(-1, HEADS, HEAD_DIM).transpose(0, 1)
-    a = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(-1, DIM)
-    h = F.layer_norm(h + a @ p["wo"], (DIM,))
+    q = (h @ p["wq"]).view(-1, HEADS, dim // HEADS).transpose(0, 1)  # [H, N, Dh]
+    k = (h @ p["wk"]).view(-1, HEADS, dim // HEADS).transpose(0, 1)
+    v = (h @ p["wv"]).view(-1, HEADS, dim // HEADS).transpose(0, 1)
+    a = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(-1, dim)
+    h = F.layer_norm(h + a @ p["wo"], (dim,))
     h = h + F.linear(F.gelu(F.linear(h, p["w1"], p["b1"])), p["w2"], p["b2"])
     return F.linear(h.mean(0), p["wc"], p["bc"])
 
@@ -83,17 +83,18 @@ def ragged_loss(p: Params, tokens: raggedfn.Ragged, labels: Tensor) -> Tensor:
 def padded_loss(p: Params, tokens: Tensor, keep: Tensor, labels: Tensor) -> Tensor:
     """The same model on ``[B, L]`` padded tokens with a ``[B, L]`` key mask."""
     batch, length = tokens.shape
+    dim = p["wq"].shape[0]
     h = F.embedding(tokens, p["embed"])  # [B, L, D]
 
     def heads(w: Tensor) -> Tensor:
-        return (h @ w).view(batch, length, HEADS, HEAD_DIM).transpose(1, 2)
+        return (h @ w).view(batch, length, HEADS, dim // HEADS).transpose(1, 2)
 
     attn_mask = keep[:, None, None, :]  # keys only; padded queries are dropped below
     a = F.scaled_dot_product_attention(
         heads(p["wq"]), heads(p["wk"]), heads(p["wv"]), attn_mask=attn_mask
     )
-    a = a.transpose(1, 2).reshape(batch, length, DIM)
-    h = F.layer_norm(h + a @ p["wo"], (DIM,))
+    a = a.transpose(1, 2).reshape(batch, length, dim)
+    h = F.layer_norm(h + a @ p["wo"], (dim,))
     h = h + F.linear(F.gelu(F.linear(h, p["w1"], p["b1"])), p["w2"], p["b2"])
     weights = keep.to(h.dtype).unsqueeze(-1)
     pooled = (h * weights).sum(1) / weights.sum(1)
@@ -101,9 +102,10 @@ def padded_loss(p: Params, tokens: Tensor, keep: Tensor, labels: Tensor) -> Tens
 
 
 def make_batch(gen: torch.Generator, batch: int, max_len: int) -> tuple[raggedfn.Ragged, Tensor]:
-    """Digits with lognormal lengths in [4, max_len]; label 1 = more odd than even digits."""
+    """Digits with odd lognormal lengths in [5, max_len + 1]; label 1 = more odd than even digits."""
     raw = torch.exp(torch.randn(batch, generator=gen) * 0.6 + math.log(max_len / 3))
-    lengths = raw.round().clamp(4, max_len).to(torch.int64)
+    # odd lengths: no ties, so both labels are equally likely and chance is 0.5
+    lengths = (raw.round().clamp(4, max_len).to(torch.int64) // 2) * 2 + 1
     digits = torch.randint(0, VOCAB, (int(lengths.sum()),), generator=gen)
     tokens = raggedfn.from_lengths(digits, lengths)
     odd = raggedfn.sum(raggedfn.apply(torch.remainder, tokens, 2), 1)
@@ -134,7 +136,7 @@ def train(args: argparse.Namespace) -> float:
         step = torch.compile(step, fullgraph=True, dynamic=True)
     torch._dynamo.utils.counters.clear()
     print(
-        f"training: {args.steps} steps, batch {args.batch}, lengths 4..{args.max_len}, "
+        f"training: {args.steps} steps, batch {args.batch}, odd lengths 5..{args.max_len + 1}, "
         f"{'compiled' if args.compile else 'eager'} raggedfn.map + torch.func.grad_and_value"
     )
     start = time.perf_counter()
@@ -192,9 +194,9 @@ def _median_time(fn: Any, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _steps(system: str, batch: int, max_len: int) -> Any:
+def _steps(system: str, batch: int, max_len: int, dim: int) -> Any:
     gen = torch.Generator().manual_seed(123)
-    params = init_params(1)
+    params = init_params(1, dim)
     tokens, labels = make_batch(gen, batch, max_len)
     if system == "raggedfn":
         step = torch.func.grad_and_value(ragged_loss)
@@ -204,11 +206,11 @@ def _steps(system: str, batch: int, max_len: int) -> Any:
     return lambda: step(params, padded, keep, labels), tokens
 
 
-def _peak_rss_mib(system: str, batch: int, max_len: int) -> float | None:
+def _peak_rss_mib(system: str, batch: int, max_len: int, dim: int) -> float | None:
     """Growth of the peak RSS over the resident set while running a step, in a fresh process."""
     code = (
         "import json, resource, raggedfn.demo as d\n"
-        f"run, _ = d._steps({system!r}, {batch}, {max_len}); run()\n"
+        f"run, _ = d._steps({system!r}, {batch}, {max_len}, {dim}); run()\n"
         "import gc; gc.collect()\n"
         "before = d._status_kib('VmRSS:')\n"
         "with open('/proc/self/clear_refs', 'w') as f: f.write('5')\n"
@@ -236,8 +238,9 @@ def _status_kib(field: str) -> int:
 def compare(args: argparse.Namespace) -> None:
     """Time one eager training step, raggedfn vs padded, in this process."""
     torch.set_num_threads(args.threads)
-    ragged_run, tokens = _steps("raggedfn", args.batch, args.max_len)
-    padded_run, _ = _steps("padded", args.batch, args.max_len)
+    size = (args.batch, args.compare_max_len, args.compare_dim)
+    ragged_run, tokens = _steps("raggedfn", *size)
+    padded_run, _ = _steps("padded", *size)
     # alternate the two so drift of a shared machine hits both
     ragged_times, padded_times = [], []
     ragged_run()
@@ -250,14 +253,15 @@ def compare(args: argparse.Namespace) -> None:
     ideal_tokens = float(lengths.sum()) / (len(lengths) * longest)
     ideal_pairs = float((lengths**2).sum()) / (len(lengths) * longest**2)
     t_ragged, t_padded = statistics.median(ragged_times), statistics.median(padded_times)
-    mem_ragged = _peak_rss_mib("raggedfn", args.batch, args.max_len)
-    mem_padded = _peak_rss_mib("padded", args.batch, args.max_len)
+    mem_ragged = _peak_rss_mib("raggedfn", *size)
+    mem_padded = _peak_rss_mib("padded", *size)
 
     def mib(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.1f} MiB"
 
     print(
-        f"\none eager training step (forward + backward), batch {args.batch}, "
+        f"\none eager training step (forward + backward) of the same model at d_model "
+        f"{args.compare_dim}, batch {args.batch}, odd lengths 5..{args.compare_max_len + 1}, "
         f"{args.threads} threads, median of {args.repeats}:"
     )
     print(
@@ -283,8 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--min-accuracy", type=float, default=0.6)
+    parser.add_argument("--compare-dim", type=int, default=128, help="d_model of the timed step")
+    parser.add_argument("--compare-max-len", type=int, default=256)
+    parser.add_argument("--min-accuracy", type=float, default=0.8)
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
     torch.set_num_threads(args.threads)
     accuracy = train(args)
     if args.compare:

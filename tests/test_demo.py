@@ -96,3 +96,12 @@ def _run_compiled(compiled, step, params, gen):
         torch.testing.assert_close(loss, want_loss)
         for name in params:
             torch.testing.assert_close(grads[name], want_grads[name], msg=name)
+
+
+def test_demo_comparison_table_at_tiny_size(capsys):
+    import argparse
+
+    args = argparse.Namespace(batch=3, compare_dim=8, compare_max_len=8, threads=1, repeats=1)
+    demo.compare(args)
+    out = capsys.readouterr().out
+    assert "padded" in out and "raggedfn" in out and "MiB" in out
