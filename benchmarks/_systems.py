@@ -319,6 +319,16 @@ def systems_for(model_of: Callable[[Case], Model]) -> dict[str, Callable[[Case],
 # ----- suites with per-workload sizes ----------------------------------------------------
 
 
+def lengths_by_workload(
+    sizes: dict[str, tuple[int, float]], distributions: Sequence[str]
+) -> dict[str, dict[str, list[int]]]:
+    """``{distribution: {workload: lengths}}`` as :class:`SizedSuite` draws them (for the record)."""
+    return {
+        d: {w: DISTRIBUTIONS[d].lengths(batch, scale) for w, (batch, scale) in sizes.items()}
+        for d in distributions
+    }
+
+
 @dataclass
 class SizedSuite(Suite):
     """A :class:`~benchmarks.harness.Suite` whose workloads have their own batch size.

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import raggedfn
-from benchmarks._systems import Model, Params, SizedSuite, systems_for
+from benchmarks._systems import Model, Params, SizedSuite, lengths_by_workload, systems_for
 from benchmarks.harness import Case
 from raggedfn import Ragged
 
@@ -179,7 +179,12 @@ SUITE = SizedSuite(
     workloads=list(SCALES),
     modes=["fwd", "fwd+bwd", "fwd compiled", "fwd+bwd compiled"],
     systems=systems_for(lambda case: model(case.workload)),
-    params=lambda quick: {"quick": quick, "sizes": SIZES[quick], "scales": SCALES},
+    params=lambda quick: {
+        "quick": quick,
+        "sizes": SIZES[quick],
+        "scales": SCALES,
+        "lengths": lengths_by_workload(SIZES[quick], COMPILED_ON),
+    },
     distributions=lambda quick: list(COMPILED_ON),
     ideal_ratio=ideal_ratio,
     memory_for=lambda case: (

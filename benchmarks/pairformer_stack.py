@@ -28,7 +28,7 @@ from torch import Tensor
 
 import raggedfn
 from benchmarks import pairformer
-from benchmarks._systems import SizedSuite
+from benchmarks._systems import SizedSuite, lengths_by_workload
 from benchmarks.harness import Case, Step, occupancy
 
 BLOCKS = 4
@@ -84,6 +84,7 @@ SUITE = SizedSuite(
         "heads": pairformer.HEADS,
         "sizes": SIZES[quick],
         "quick": quick,
+        "lengths": lengths_by_workload(SIZES[quick], ["pair_low", "pair_high"]),
     },
     distributions=lambda quick: ["pair_low", "pair_high"],
     ideal_ratio=lambda case: occupancy(case.lengths, 3),

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import raggedfn
-from benchmarks._systems import Model, Params, SizedSuite, systems_for
+from benchmarks._systems import Model, Params, SizedSuite, lengths_by_workload, systems_for
 from benchmarks.harness import occupancy
 from raggedfn import Ragged
 
@@ -65,15 +65,21 @@ def model(workload: str) -> Model:
     return Model(dim, lambda gen, dtype: make_params(dim, gen, dtype), mlp, mlp_ragged, mlp_batched)
 
 
+def _distributions(quick: bool) -> list[str]:
+    return ["lognormal", "equal"] if quick else ["lognormal", "medium", "low", "equal"]
+
+
 SUITE = SizedSuite(
     name="token_mlp",
     workloads=list(WIDTHS),
     modes=["fwd", "fwd+bwd"],
     systems=systems_for(lambda case: model(case.workload)),
-    params=lambda quick: {"quick": quick, "sizes": SIZES[quick]},
-    distributions=lambda quick: (
-        ["lognormal", "equal"] if quick else ["lognormal", "medium", "low", "equal"]
-    ),
+    params=lambda quick: {
+        "quick": quick,
+        "sizes": SIZES[quick],
+        "lengths": lengths_by_workload(SIZES[quick], _distributions(quick)),
+    },
+    distributions=_distributions,
     ideal_ratio=lambda case: occupancy(case.lengths, 1),
     memory_for=lambda case: not case.params["quick"] and case.mode == "fwd+bwd",
     runs=lambda case: not case.params["quick"] or case.mode == "fwd+bwd",

@@ -114,6 +114,10 @@ def test_sized_cases_and_ideal() -> None:
     assert bert.ideal_ratio(equal) == pytest.approx(1.0)
     stack = pairformer_stack.SUITE.cases(quick=False)
     assert {(c.workload, c.mode) for c in stack} == {("stack", "fwd"), ("stack/2", "fwd+bwd")}
+    for suite in (bert.SUITE, token_mlp.SUITE, pairformer_stack.SUITE):
+        for quick in (False, True):
+            for c in suite.cases(quick=quick):  # the record lists every workload's lengths
+                assert c.params["lengths"][c.distribution][c.workload] == list(c.lengths)
     for name in ("token_mlp", "bert", "pairformer_stack"):
         assert name in run.SUITES
 
