@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
+import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import raggedfn
@@ -179,3 +180,40 @@ def test_dense_parts_of_the_block_compile_fullgraph():
         z = pair_batch(lengths, 10 + n)
         torch.testing.assert_close(compiled(z).values, dense_part(z).values, rtol=1e-5, atol=1e-5)
     assert counters["stats"]["unique_graphs"] <= 3
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("n", "m"), [(4, 4), (2, 5), (5, 2)])
+def test_equal_lengths_take_one_dense_call_and_match_per_sample_sdpa(causal, n, m):
+    """All samples of one length: the fast path on views of the packed values."""
+    gen = torch.Generator().manual_seed(n * 10 + m)
+    batch, heads, dim = 3, 2, 3
+    qv = torch.randn(batch * n, heads, dim, generator=gen, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(batch * m, heads, dim, generator=gen, dtype=torch.float64, requires_grad=True)
+    vv = torch.randn(
+        batch * m, heads, dim + 1, generator=gen, dtype=torch.float64, requires_grad=True
+    )
+
+    def ragged(qv, kv, vv):
+        q = raggedfn.from_lengths(qv, [n] * batch)
+        k = raggedfn.from_lengths(kv, [m] * batch)
+        v = raggedfn.from_lengths(vv, [m] * batch)
+        return raggedfn.attention(q, k, v, causal=causal).values
+
+    def loop(qv, kv, vv):
+        outs = []
+        for b in range(batch):
+            q, k, v = (
+                t[b * s : (b + 1) * s].transpose(0, 1) for t, s in ((qv, n), (kv, m), (vv, m))
+            )
+            outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=causal).transpose(0, 1))
+        return torch.cat(outs)
+
+    got, want = ragged(qv, kv, vv), loop(qv, kv, vv)
+    torch.testing.assert_close(got, want)
+    weights = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+    got_grads = torch.autograd.grad((got * weights).sum(), (qv, kv, vv))
+    want_grads = torch.autograd.grad((want * weights).sum(), (qv, kv, vv))
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w)
+    assert torch.autograd.gradcheck(ragged, (qv, kv, vv))
