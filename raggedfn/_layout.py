@@ -17,7 +17,7 @@ class Axis(NamedTuple):
     """
 
     ragged: bool
-    index: int
+    index: int  # type: ignore[assignment]  # field shadows tuple.index on purpose
 
 
 RAGGED_NAMES = ("N", "M", "K", "L", "P", "Q")

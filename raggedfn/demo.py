@@ -202,8 +202,8 @@ def _steps(system: str, batch: int, max_len: int, dim: int) -> Any:
         step = torch.func.grad_and_value(ragged_loss)
         return lambda: step(params, tokens, labels), tokens
     padded, keep = _padded_inputs(tokens)
-    step = torch.func.grad_and_value(padded_loss)
-    return lambda: step(params, padded, keep, labels), tokens
+    padded_step = torch.func.grad_and_value(padded_loss)
+    return lambda: padded_step(params, padded, keep, labels), tokens
 
 
 def _peak_rss_mib(system: str, batch: int, max_len: int, dim: int) -> float | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from typing import Any
+from typing import Any, cast
 
 import sympy  # type: ignore[import-untyped]
 import torch
@@ -368,7 +368,8 @@ def _alias_chain(base: Any) -> list[Any] | None:
             return chain
         if base.op != "call_function" or not _mutates(base.target):
             return None
-        schema = base.target._schema
+        # _mutates(base.target) above: the target is an op with a schema
+        schema = cast(Any, base.target)._schema
         written = [
             a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
         ]

@@ -3,35 +3,105 @@
 Each submodule defines ``__all__``; this package re-exports them all.
 """
 
-from . import (
-    _attention,
-    _broadcast,
-    _compile,
-    _elementwise,
-    _nn,
-    _products,
-    _reduce,
-    _scan,
-    _select,
-    _shape,
-    _softmax,
+from ._attention import attention
+from ._broadcast import broadcast_tensors
+from ._compile import mark_dynamic
+from ._elementwise import (
+    abs,
+    add,
+    apply,
+    div,
+    eq,
+    floor_divide,
+    ge,
+    gt,
+    le,
+    lt,
+    mul,
+    ne,
+    neg,
+    pow,
+    sub,
+    where,
 )
-from ._attention import *  # noqa: F403
-from ._broadcast import *  # noqa: F403
-from ._compile import *  # noqa: F403
-from ._elementwise import *  # noqa: F403
-from ._nn import *  # noqa: F403
-from ._products import *  # noqa: F403
-from ._reduce import *  # noqa: F403
-from ._scan import *  # noqa: F403
-from ._select import *  # noqa: F403
-from ._shape import *  # noqa: F403
-from ._softmax import *  # noqa: F403
+from ._nn import layer_norm, linear, rms_norm
+from ._products import einsum, matmul
+from ._reduce import (
+    all,
+    amax,
+    amin,
+    any,
+    argmax,
+    argmin,
+    logsumexp,
+    mean,
+    norm,
+    prod,
+    std,
+    sum,
+    var,
+)
+from ._scan import cumsum
+from ._select import argsort, cat, gather, masked_select, narrow, pairs, sort, take_along_dim, topk
+from ._shape import contiguous, flatten, permute, reshape, squeeze, transpose, unflatten, unsqueeze
+from ._softmax import log_softmax, softmax
 
-__all__: list[str] = []
-__all__ += _products.__all__
-__all__ += _attention.__all__
-__all__ += _select.__all__
-__all__ += _broadcast.__all__ + _elementwise.__all__ + _nn.__all__ + _shape.__all__
-__all__ += _reduce.__all__ + _scan.__all__ + _softmax.__all__
-__all__ += _compile.__all__
+__all__ = [
+    "einsum",
+    "matmul",
+    "attention",
+    "argsort",
+    "cat",
+    "gather",
+    "masked_select",
+    "narrow",
+    "pairs",
+    "sort",
+    "take_along_dim",
+    "topk",
+    "broadcast_tensors",
+    "abs",
+    "add",
+    "apply",
+    "div",
+    "eq",
+    "floor_divide",
+    "ge",
+    "gt",
+    "le",
+    "lt",
+    "mul",
+    "ne",
+    "neg",
+    "pow",
+    "sub",
+    "where",
+    "layer_norm",
+    "linear",
+    "rms_norm",
+    "contiguous",
+    "flatten",
+    "permute",
+    "reshape",
+    "squeeze",
+    "transpose",
+    "unflatten",
+    "unsqueeze",
+    "all",
+    "amax",
+    "amin",
+    "any",
+    "argmax",
+    "argmin",
+    "logsumexp",
+    "mean",
+    "norm",
+    "prod",
+    "std",
+    "sum",
+    "var",
+    "cumsum",
+    "log_softmax",
+    "softmax",
+    "mark_dynamic",
+]

@@ -11,6 +11,8 @@ autograd through SDPA and the pad/unpad gathers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -19,6 +21,9 @@ from .._errors import describe, fail
 from .._layout import Layout
 from .._ragged import Ragged
 from . import _bucket
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["attention"]
 
@@ -46,8 +51,8 @@ def _nested_cuda(q: Ragged, k: Ragged, v: Ragged, causal: bool, scale: float | N
     """CUDA only: torch's jagged SDPA (varlen kernels) on views of the packed values."""
     from .._construct import to_nested
 
-    outs = [to_nested(t).transpose(1, 2) for t in (q, k, v)]
-    out = F.scaled_dot_product_attention(*outs, is_causal=causal, scale=scale)
+    query, key, value = [to_nested(t).transpose(1, 2) for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scale)
     return q.with_values(out.transpose(1, 2).values())
 
 
@@ -110,11 +115,16 @@ def _per_sample(
         step = max(1, CHUNK_LOGITS // max(1, num_heads * n * m))
         chunks = []
         for lo in range(0, max(rows, 1), step):
-            part = [t[lo : lo + step] for t in heads]
+            part_q, part_k, part_v = [t[lo : lo + step] for t in heads]
             part_mask = mask[lo : lo + step] if mask is not None and mask.shape[0] > 1 else mask
             chunks.append(
                 F.scaled_dot_product_attention(
-                    *part, attn_mask=part_mask, is_causal=use_is_causal, scale=scale
+                    part_q,
+                    part_k,
+                    part_v,
+                    attn_mask=part_mask,
+                    is_causal=use_is_causal,
+                    scale=scale,
                 )
             )
         out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
@@ -292,9 +302,9 @@ def _attention(
     uniform = len(set(zip(*sizes.values(), strict=True))) == 1
     if uniform and r == 1 and bias is None and key_padding is None:
         # every sample has the same lengths: the packed values are already a dense batch
-        out = _uniform(q, k, v, sizes["n"][0], sizes["m"][0], causal, scale)
-        if out is not None:
-            return out
+        uniform_out = _uniform(q, k, v, sizes["n"][0], sizes["m"][0], causal, scale)
+        if uniform_out is not None:
+            return uniform_out
     # small batches: one SDPA call per sample (measured faster than padded buckets),
     # unless every sample has the same sizes: then one bucket holds them all, unpadded
     if 0 < q.batch_size <= LOOP_MAX_BATCH and not uniform:
@@ -305,6 +315,7 @@ def _attention(
     ks = _bucket.pad(k, k_symbols, buckets)
     vs = _bucket.pad(v, k_symbols, buckets)
     biases = _bucket.pad(bias, ["n", "m"], buckets) if isinstance(bias, Ragged) else None
+    dense_biases: Sequence[Ragged | Tensor | None]
     if isinstance(bias, Tensor) and bias.ndim == 4 and bias.shape[0] == q.batch_size:
         dense_biases = _bucket.pad_dense(bias, buckets)
     else:
@@ -341,7 +352,7 @@ def _attention(
         if biases is not None:
             mask = biases[g].movedim(-1, 1).unsqueeze(1)  # [G, 1, H, N, M]
         elif isinstance(bias, Tensor):
-            mask = dense_biases[g]
+            mask = cast(Tensor, dense_biases[g])  # bias is a Tensor: so are its entries
             mask = mask.view(*mask.shape[:-3], 1, *mask.shape[-3:]) if mask.ndim == 4 else mask
         if mask is not None and keep is not None:
             mask = torch.where(keep, mask, float("-inf"))

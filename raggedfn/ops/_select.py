@@ -100,13 +100,13 @@ def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
         return Ragged(values, x.offsets, x.sizes, x.layout)
     k = axis.index
     extent = x.sizes[:, k]
-    begin = (extent + start).clamp(min=0) if start < 0 else torch.full_like(extent, start)
-    kept = (extent - begin).clamp(min=0, max=length)
+    begins = (extent + start).clamp(min=0) if start < 0 else torch.full_like(extent, start)
+    kept = (extent - begins).clamp(min=0, max=length)
     sizes = x.sizes.clone()
     sizes[:, k] = kept
     offsets, segments, coords, _ = _resized(x, sizes)
     coords = list(coords)
-    coords[k] = coords[k] + begin[segments]
+    coords[k] = coords[k] + begins[segments]
     return Ragged(x.values[_rows(x, segments, coords)], offsets, sizes, x.layout)
 
 
