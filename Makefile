@@ -31,6 +31,7 @@ test: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check raggedfn tests property_tests benchmarks
 	$(PY) -m ruff format --check raggedfn tests property_tests benchmarks
+	$(PY) -m mypy raggedfn
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.run
