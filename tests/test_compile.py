@@ -191,3 +191,27 @@ def test_layout_changing_ops_compile_with_dynamic_true() -> None:
         x = raggedfn.from_lengths(torch.randn(sum(lengths), DIM, dtype=torch.float64), lengths)
         torch.testing.assert_close(compiled(x), pair_sum(x), msg=f"batch {i}")
     assert graph_count() == (1, 0)
+
+
+def test_pair_state_nn_ops_compile_with_dynamic_true() -> None:
+    """``layer_norm``/``linear``/``apply`` on pair states (two ragged axes), ``dynamic=True``.
+
+    Regression: dynamo made the layout's axis numbers symbolic, the ragged axes
+    were taken for dense ones and ``reorder_dense`` built an invalid ``permute``.
+    """
+    fresh_counters()
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(DIM + 1, DIM, generator=gen, dtype=torch.float64)
+
+    def pair_ops(x):
+        h = raggedfn.layer_norm(x, DIM)
+        h = raggedfn.apply(torch.tanh, raggedfn.linear(h, weight))
+        return h.values
+
+    compiled = torch.compile(pair_ops, fullgraph=True, dynamic=True, backend="eager")
+    # the first batch has no duck-sized coincidence (B = 3, R = 2, T = 69, dims 5 and 6)
+    for i, lengths in enumerate(([2, 7, 4], [3, 6], [6, 3, 3, 2])):
+        samples = [torch.randn(n, n, DIM, generator=gen, dtype=torch.float64) for n in lengths]
+        x = raggedfn.from_list(samples, ragged_dims=(1, 2))
+        torch.testing.assert_close(compiled(x), pair_ops(x), msg=f"batch {i}")
+    assert graph_count() == (1, 0)
