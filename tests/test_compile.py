@@ -215,3 +215,39 @@ def test_pair_state_nn_ops_compile_with_dynamic_true() -> None:
         x = raggedfn.from_list(samples, ragged_dims=(1, 2))
         torch.testing.assert_close(compiled(x), pair_ops(x), msg=f"batch {i}")
     assert graph_count() == (1, 0)
+
+
+def _mixed_functions(x, weight, scale):
+    return raggedfn.add(raggedfn.matmul(raggedfn.mul(x, scale), weight), scale[:3]).values
+
+
+def _mixed_operators(x, weight, scale):
+    return ((x * scale) @ weight + scale[:3]).values
+
+
+def _mixed_inputs() -> tuple[raggedfn.Ragged, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(4)
+    x = raggedfn.from_lengths(torch.randn(7, DIM, generator=gen), [3, 4])
+    return x, torch.randn(DIM, 3, generator=gen), torch.randn(DIM, generator=gen)
+
+
+def test_ragged_tensor_arithmetic_compiles_in_function_form() -> None:
+    """``raggedfn.matmul/mul/add`` with dense tensors: one graph, equal to the eager dunders."""
+    fresh_counters()
+    x, weight, scale = _mixed_inputs()
+    compiled = torch.compile(_mixed_functions, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, weight, scale), _mixed_operators(x, weight, scale))
+    assert graph_count() == (1, 0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=torch._dynamo.exc.InternalTorchDynamoError,
+    reason="torch 2.13 dynamo puts a binary op with a tensor operand straight into the graph "
+    "and never calls Ragged's dunders (docs/compile.md); passes once torch fixes that",
+)
+def test_ragged_tensor_operators_do_not_compile_yet() -> None:
+    torch._dynamo.reset()
+    x, weight, scale = _mixed_inputs()
+    compiled = torch.compile(_mixed_operators, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, weight, scale), _mixed_operators(x, weight, scale))
