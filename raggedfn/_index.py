@@ -41,7 +41,8 @@ def segment_ids(offsets: Tensor, total: int) -> Tensor:
 
 def local_positions(offsets: Tensor, segments: Tensor, total: int) -> Tensor:
     """``[T]`` position of every packed row inside its sample."""
-    return torch.arange(total, device=offsets.device) - offsets[segments]
+    # index_select: advanced indexing is several times slower for these lookups on CPU
+    return torch.arange(total, device=offsets.device) - offsets.index_select(0, segments)
 
 
 def coordinates(offsets: Tensor, sizes: Tensor, total: int) -> tuple[Tensor, list[Tensor]]:
@@ -55,7 +56,7 @@ def coordinates(offsets: Tensor, sizes: Tensor, total: int) -> tuple[Tensor, lis
     num_ragged = sizes.shape[1]
     coords: list[Tensor] = [rest] * num_ragged
     for k in range(num_ragged - 1, 0, -1):
-        size_k = sizes[segments, k]
+        size_k = sizes[:, k].index_select(0, segments)
         coords[k] = torch.remainder(rest, size_k)
         rest = torch.div(rest, size_k, rounding_mode="floor")
     if num_ragged:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .._errors import describe, fail
-from .._index import offsets_of, segment_ids
+from .._index import coordinates, offsets_of, segment_ids
 from .._layout import Layout
 from .._ragged import Ragged
 
@@ -74,25 +74,6 @@ def ragged_positions(layout: Layout) -> dict[int, int]:
     return {p: a.index for p, a in enumerate(layout.axes) if a.ragged}
 
 
-def row_coordinates(offsets: Tensor, sizes: Tensor, total: int) -> tuple[Tensor, list[Tensor]]:
-    """Like ``_index.coordinates`` (same result), with ``index_select`` lookups.
-
-    Advanced indexing of ``sizes[segments, k]`` is several times slower on CPU;
-    this runs on every broadcast that creates a ragged axis.
-    """
-    segments = segment_ids(offsets, total)
-    rest = torch.arange(total, device=offsets.device) - offsets.index_select(0, segments)
-    num_ragged = sizes.shape[1]
-    coords: list[Tensor] = [rest] * num_ragged
-    for k in range(num_ragged - 1, 0, -1):
-        size_k = sizes[:, k].index_select(0, segments)
-        coords[k] = torch.remainder(rest, size_k)
-        rest = torch.div(rest, size_k, rounding_mode="floor")
-    if num_ragged:
-        coords[0] = rest
-    return segments, coords
-
-
 def gather_rows(
     x: Ragged,
     offsets: Tensor,
@@ -109,7 +90,7 @@ def gather_rows(
     ``index`` is ``coordinates(offsets, sizes, total)`` when already computed;
     ``values`` replaces ``x.values`` (same rows, e.g. with axes squeezed).
     """
-    segments, coords = index if index is not None else row_coordinates(offsets, sizes, total)
+    segments, coords = index if index is not None else coordinates(offsets, sizes, total)
     result_k = ragged_positions(layout)
     row = x.offsets.index_select(0, segments)
     stride: Tensor | None = None  # None stands for 1 (the last ragged axis)
@@ -250,7 +231,7 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
                             fn, f"sizes along axis {p + 1}", op.sizes[:, k], sizes[:, result_k[p]]
                         )
                 if index is None:
-                    index = row_coordinates(offsets, sizes, total)
+                    index = coordinates(offsets, sizes, total)
                 values = gather_rows(op, offsets, sizes, layout, total, index, values)
             remaining = [j for j in range(op.layout.num_dense) if j not in squeezed]
             order = [remaining.index(op.layout.axes[p].index) for p in dense_order]
