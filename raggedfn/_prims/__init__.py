@@ -15,7 +15,9 @@ ctx, ``setup_context``, a backward built from other primitives,
 ``segment_amax``/``segment_amin`` (ties share the gradient, as ``torch.amax``;
 ``segment_max``/``segment_min`` add the non-differentiable arg index),
 ``segment_softmax``, ``segment_log_softmax``, ``segment_prod`` (exact with zeros,
-and vmap-able, unlike ``scatter_reduce``'s own rule). Everything else is a composite of
+and vmap-able, unlike ``scatter_reduce``'s own rule), and the dense
+``scaled_dot_product_attention`` (saves the row logsumexp, not the
+probabilities, so a bias gradient does not keep the softmax alive). Everything else is a composite of
 differentiable torch ops, which is as fast and also supports forward-mode AD
 (``jacfwd``/``jvp``); the custom rules have no ``jvp`` (adding one breaks
 ``torch.compile`` in torch 2.13), so forward-mode AD through them raises.
@@ -23,6 +25,7 @@ differentiable torch ops, which is as fast and also supports forward-mode AD
 
 from ._extrema import identity, segment_amax, segment_amin, segment_max, segment_min
 from ._prod import segment_prod
+from ._sdpa import scaled_dot_product_attention
 from ._segment import (
     broadcast,
     pad,
@@ -38,6 +41,7 @@ __all__ = [
     "broadcast",
     "identity",
     "pad",
+    "scaled_dot_product_attention",
     "segment_counts",
     "segment_cumsum",
     "segment_amax",
