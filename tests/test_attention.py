@@ -217,3 +217,112 @@ def test_equal_lengths_take_one_dense_call_and_match_per_sample_sdpa(causal, n, 
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w)
     assert torch.autograd.gradcheck(ragged, (qv, kv, vv))
+
+
+# ----- a bias that needs a gradient: the lean primitive instead of torch's math path --------
+
+
+def _triangle(lengths, heads=2, dim=2, seed=0):
+    """q, k, v (B, I*, N*, H, Dh) and a pair bias (B, N*, N*, H), all with I = N."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.tensor([[n, n] for n in lengths], dtype=torch.int64)
+    count = sum(n * n for n in lengths)
+
+    def state(*dense):
+        values = torch.randn(count, *dense, generator=gen, dtype=torch.float64)
+        return raggedfn.from_sizes(values.requires_grad_(True), sizes)
+
+    return state(heads, dim), state(heads, dim), state(heads, dim), state(heads)
+
+
+def _saved_numels(fn):
+    numels = []
+
+    def pack(t):
+        numels.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, numels
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_pair_bias_gradient_keeps_no_softmax_and_matches_per_sample_sdpa(bucketed):
+    """Triangle attention with a pair bias that needs a gradient: autograd keeps no
+    [rows, H, N, M] softmax (torch's SDPA math path would), values and gradients as SDPA."""
+    lengths, heads = [8, 3], 2
+    q, k, v, bias = _triangle(lengths, heads)
+    softmax = lengths[0] * heads * lengths[0] * lengths[0]  # rows x H x N x M of sample 0
+    with tight_buckets() if bucketed else torch.enable_grad():
+        out, numels = _saved_numels(lambda: raggedfn.attention(q, k, v, bias=bias))
+    assert max(numels) < softmax, (max(numels), softmax)
+    # the same inputs through torch's SDPA, one row of one sample at a time
+    leaves = [t.values for t in (q, k, v, bias)]
+    cotangent = torch.randn(out.values.shape, dtype=torch.float64)
+    got = torch.autograd.grad(out.values, leaves, cotangent)
+    rows = [
+        sdpa_sample(qs[i], ks[i], vs[i], b)
+        for qs, ks, vs, b in zip(*(samples(t) for t in (q, k, v, bias)), strict=True)
+        for i in range(qs.shape[0])
+    ]
+    want_values = torch.cat([r.reshape(-1, *r.shape[1:]) for r in rows])
+    torch.testing.assert_close(out.values, want_values)
+    want = torch.autograd.grad(want_values, leaves, cotangent)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("bias_grad", [False, True])
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_dense_head_bias_on_many_rows_in_chunks(bucketed, bias_grad, monkeypatch):
+    """A dense (H, 1, 1) bias on triangle rows cut into one-row SDPA calls: every chunk
+    sees every head (the bias has no row axis to cut), with and without a bias gradient."""
+    monkeypatch.setattr(_attention, "CHUNK_LOGITS", 1)
+    lengths, heads = [5, 3], 2
+    q, k, v, _ = _triangle(lengths, heads, seed=1)
+    head_bias = torch.randn(heads, 1, 1, dtype=torch.float64).requires_grad_(bias_grad)
+    with tight_buckets() if bucketed else torch.enable_grad():
+        out = raggedfn.attention(q, k, v, bias=head_bias)
+    rows = [
+        sdpa_sample(qs[i], ks[i], vs[i], head_bias.permute(1, 2, 0).expand(n, n, heads))
+        for qs, ks, vs, n in zip(*(samples(t) for t in (q, k, v)), lengths, strict=True)
+        for i in range(n)
+    ]
+    want_values = torch.cat(rows)
+    torch.testing.assert_close(out.values, want_values)
+    leaves = [q.values, k.values, v.values] + ([head_bias] if bias_grad else [])
+    cotangent = torch.randn(out.values.shape, dtype=torch.float64)
+    got = torch.autograd.grad(out.values, leaves, cotangent)
+    want = torch.autograd.grad(want_values, leaves, cotangent)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_dense_bias_gradient_with_key_padding_and_causal(bucketed):
+    """A per-sample dense bias (B, H, 1, 1) that needs a gradient, with masks on top."""
+    lengths = [4, 0, 6, 2]
+    q, k, v = (tokens(lengths, seed=s) for s in range(3))
+    q, k, v = (x.with_values(x.values.requires_grad_(True)) for x in (q, k, v))
+    bias = torch.randn(4, 2, 1, 1, dtype=torch.float64, requires_grad=True)
+    flags = torch.tensor(
+        [False, True, False, False, True, False, False, False, False, False, True, False]
+    )
+    keys = raggedfn.from_lengths(flags, lengths)
+    with tight_buckets() if bucketed else torch.enable_grad():
+        out = raggedfn.attention(q, k, v, bias=bias, key_padding=keys, causal=True)
+    per_sample = [
+        sdpa_sample(a, b, c, bias[i].permute(1, 2, 0).expand(n, n, 2), p, causal=True)
+        for i, (a, b, c, p, n) in enumerate(
+            zip(samples(q), samples(k), samples(v), samples(keys), lengths, strict=True)
+        )
+    ]
+    want_values = torch.cat(per_sample)
+    torch.testing.assert_close(out.values, want_values)
+    leaves = [q.values, k.values, v.values, bias]
+    cotangent = torch.randn(out.values.shape, dtype=torch.float64)
+    got = torch.autograd.grad(out.values, leaves, cotangent)
+    want = torch.autograd.grad(want_values, leaves, cotangent)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)

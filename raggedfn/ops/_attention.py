@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .._errors import describe, fail
 from .._layout import Layout
+from .._prims import scaled_dot_product_attention as lean_sdpa
 from .._ragged import Ragged
 from . import _bucket
 
@@ -58,6 +59,17 @@ def _nested_cuda(q: Ragged, k: Ragged, v: Ragged, causal: bool, scale: float | N
 
 LOOP_MAX_BATCH = 64  # up to this many samples: one SDPA call per sample (measured faster)
 CHUNK_LOGITS = 1 << 24  # at most this many logits per SDPA call (rows of triangle attention)
+
+
+def _lean(bias: Tensor | None) -> bool:
+    """A float bias that needs a gradient: torch's SDPA would take its math path and keep
+    the whole softmax for the backward; the lean primitive keeps the row logsumexp."""
+    return bias is not None and bias.requires_grad and torch.is_grad_enabled()
+
+
+def _row_block(t: Tensor | None, lo: int, hi: int) -> Tensor | None:
+    """Rows ``lo:hi`` of a per-sample mask ``[rows or 1, ...]`` (4 axes); others broadcast."""
+    return t[lo:hi] if t is not None and t.ndim == 4 and t.shape[0] > 1 else t
 
 
 def _samples(x: Ragged, sizes: list[list[int]]) -> list[Tensor]:
@@ -106,9 +118,10 @@ def _per_sample(
             mask = biases[b].permute(2, 0, 1).unsqueeze(0)  # [1, H, N, M]
         elif isinstance(bias, Tensor):
             mask = bias[b if bias.shape[0] > 1 else 0] if bias.ndim == 4 else bias
-        if mask is not None and keep is not None:
+        lean = _lean(mask)  # then bias and keep go to the primitive separately
+        if mask is not None and keep is not None and not lean:
             mask = torch.where(keep, mask, float("-inf"))
-        elif keep is not None:
+        elif keep is not None and not lean:
             mask = keep
         # rows of a triangle attention in chunks: bounds the logits workspace per call
         rows, num_heads = heads[0].shape[0], heads[0].shape[1]
@@ -116,7 +129,11 @@ def _per_sample(
         chunks = []
         for lo in range(0, max(rows, 1), step):
             part_q, part_k, part_v = [t[lo : lo + step] for t in heads]
-            part_mask = mask[lo : lo + step] if mask is not None and mask.shape[0] > 1 else mask
+            part_mask = _row_block(mask, lo, lo + step)
+            if lean:
+                part_keep = _row_block(keep, lo, lo + step)
+                chunks.append(lean_sdpa(part_q, part_k, part_v, part_mask, part_keep, scale))
+                continue
             chunks.append(
                 F.scaled_dot_product_attention(
                     part_q,
@@ -354,6 +371,14 @@ def _attention(
         elif isinstance(bias, Tensor):
             mask = cast(Tensor, dense_biases[g])  # bias is a Tensor: so are its entries
             mask = mask.view(*mask.shape[:-3], 1, *mask.shape[-3:]) if mask.ndim == 4 else mask
+        if _lean(mask):  # broadcast bias and keep mask as they are: no [G * I, H, N, M] copy
+            if r == 1:
+                mask, keep = (
+                    t.squeeze(1) if t is not None and t.ndim == 5 else t for t in (mask, keep)
+                )
+            lean_out = lean_sdpa(query, key, value, mask, keep, scale)  # [G, (I), H, N, Dv]
+            outs.append(lean_out.movedim(-3, -2))
+            continue
         if mask is not None and keep is not None:
             mask = torch.where(keep, mask, float("-inf"))
         elif keep is not None:
