@@ -33,11 +33,15 @@ lint: $(VENV)/.installed-test
 	$(PY) -m ruff format --check raggedfn tests property_tests benchmarks
 	$(PY) -m mypy raggedfn
 
+# one thread by default: two threads on the shared 2-core machine are noisy
+# (docs/benchmarks.md); `make bench BENCH_THREADS=2` to override
+BENCH_THREADS ?= 1
+
 bench: $(VENV)/.installed-bench
-	$(PY) -m benchmarks.run
+	$(PY) -m benchmarks.run --threads $(BENCH_THREADS)
 
 bench-quick: $(VENV)/.installed-bench
-	$(PY) -m benchmarks.run --quick
+	$(PY) -m benchmarks.run --quick --threads $(BENCH_THREADS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

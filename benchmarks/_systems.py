@@ -51,6 +51,12 @@ class Model:
     sample: Callable[[Tensor, Params], Tensor]  # [N, D] -> [N, D]
     ragged: Callable[[Ragged, Params], Ragged]  # (B, N*, D) -> (B, N*, D)
     batched: Callable[..., Any]  # (x [B, N, D]-like, params, key mask or None)
+    # regional compilation (optional): ``stack(layer)`` is the model as a loop over
+    # one layer function ``layer(x, layer_params, ...)``; compiled systems then
+    # compile the layer once instead of the unrolled stack (compile time ~ 1 layer)
+    stack: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
+    ragged_layer: Callable[..., Any] | None = None
+    batched_layer: Callable[..., Any] | None = None
 
 
 def is_backward(case: Case) -> bool:
@@ -175,6 +181,15 @@ def compile_once(fn: Callable[..., Any], **options: Any) -> Callable[..., Any]:
     return _COMPILED[key]
 
 
+def compiled_model(model: Model, kind: str) -> Callable[..., Any]:
+    """``model.ragged`` or ``model.batched`` (``kind``) compiled, by layer where it can be."""
+    whole = model.ragged if kind == "ragged" else model.batched
+    layer = model.ragged_layer if kind == "ragged" else model.batched_layer
+    if model.stack is None or layer is None:
+        return compile_once(whole)
+    return model.stack(compile_once(layer))
+
+
 # ----- systems ---------------------------------------------------------------------------
 
 
@@ -194,7 +209,7 @@ def build_raggedfn(case: Case, model: Model) -> Step:
     forward: Callable[..., Any] = model.ragged
     if is_compiled(case):
         raggedfn.mark_dynamic(x)
-        forward = compile_once(model.ragged)
+        forward = compiled_model(model, "ragged")
     split = lambda out: inputs.split(out.values)  # noqa: E731
     step = make_step(inputs, x, forward, inputs.cotangent, split)
     return compiled_step(step) if is_compiled(case) else step
@@ -226,7 +241,7 @@ def build_padded(case: Case, model: Model) -> Step:
     if inputs.backward:
         padded.requires_grad_(True)
     cotangent = raggedfn.to_padded(inputs.x.with_values(inputs.cotangent))
-    batched = compile_once(model.batched) if is_compiled(case) else model.batched
+    batched = compiled_model(model, "batched") if is_compiled(case) else model.batched
 
     def forward(p: Tensor, params: Params) -> Tensor:
         return batched(p, params, key_mask)

@@ -24,6 +24,7 @@ which keeps the occupancy). Run: ``python -m benchmarks.run --only bert``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -71,81 +72,83 @@ def make_params(layers: int, dim: int, gen: torch.Generator, dtype: torch.dtype)
     return p
 
 
-def layer_sample(t: Tensor, p: Params, i: int, heads: int) -> Tensor:
+def layer_params(p: Params, i: int) -> Params:
+    """Layer ``i``'s parameters with the ``"<i>."`` prefix dropped (what a layer reads)."""
+    prefix = f"{i}."
+    return {k[len(prefix) :]: v for k, v in p.items() if k.startswith(prefix)}
+
+
+def layer_sample(t: Tensor, p: Params, heads: int) -> Tensor:
     """One layer on one sample ``[N, D]``: ordinary torch code."""
     n, d = t.shape
-    qkv = F.linear(t, p[f"{i}.qkv_w"], p[f"{i}.qkv_b"]).view(n, 3, heads, d // heads)
+    qkv = F.linear(t, p["qkv_w"], p["qkv_b"]).view(n, 3, heads, d // heads)
     q, k, v = qkv.permute(1, 2, 0, 3).unbind(0)  # [H, N, dh] each
     a = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(n, d)
-    h = F.layer_norm(
-        t + F.linear(a, p[f"{i}.o_w"], p[f"{i}.o_b"]), (d,), p[f"{i}.ln1_w"], p[f"{i}.ln1_b"]
-    )
-    f = F.linear(
-        F.gelu(F.linear(h, p[f"{i}.f1_w"], p[f"{i}.f1_b"])), p[f"{i}.f2_w"], p[f"{i}.f2_b"]
-    )
-    return F.layer_norm(h + f, (d,), p[f"{i}.ln2_w"], p[f"{i}.ln2_b"])
+    h = F.layer_norm(t + F.linear(a, p["o_w"], p["o_b"]), (d,), p["ln1_w"], p["ln1_b"])
+    f = F.linear(F.gelu(F.linear(h, p["f1_w"], p["f1_b"])), p["f2_w"], p["f2_b"])
+    return F.layer_norm(h + f, (d,), p["ln2_w"], p["ln2_b"])
 
 
-def layer_ragged(x: Ragged, p: Params, i: int, heads: int) -> Ragged:
+def layer_ragged(x: Ragged, p: Params, heads: int) -> Ragged:
     """One layer on a ``(B, N*, D)`` batch with raggedfn's ops."""
     d = x.shape[-1]
-    qkv = raggedfn.linear(x, p[f"{i}.qkv_w"], p[f"{i}.qkv_b"])
+    qkv = raggedfn.linear(x, p["qkv_w"], p["qkv_b"])
     split = qkv.values.view(-1, 3, heads, d // heads)
     q, k, v = (x.with_values(split[:, j]) for j in range(3))  # (B, N*, H, dh)
     a = raggedfn.attention(q, k, v)
     a = x.with_values(a.values.reshape(-1, d))
-    h = raggedfn.layer_norm(
-        x + raggedfn.linear(a, p[f"{i}.o_w"], p[f"{i}.o_b"]), d, p[f"{i}.ln1_w"], p[f"{i}.ln1_b"]
-    )
-    f = raggedfn.apply(F.gelu, raggedfn.linear(h, p[f"{i}.f1_w"], p[f"{i}.f1_b"]))
-    f = raggedfn.linear(f, p[f"{i}.f2_w"], p[f"{i}.f2_b"])
-    return raggedfn.layer_norm(h + f, d, p[f"{i}.ln2_w"], p[f"{i}.ln2_b"])
+    h = raggedfn.layer_norm(x + raggedfn.linear(a, p["o_w"], p["o_b"]), d, p["ln1_w"], p["ln1_b"])
+    f = raggedfn.apply(F.gelu, raggedfn.linear(h, p["f1_w"], p["f1_b"]))
+    f = raggedfn.linear(f, p["f2_w"], p["f2_b"])
+    return raggedfn.layer_norm(h + f, d, p["ln2_w"], p["ln2_b"])
 
 
-def layer_batched(x: Any, p: Params, i: int, heads: int, mask: Tensor | None) -> Any:
+def layer_batched(x: Any, p: Params, heads: int, mask: Tensor | None) -> Any:
     """One layer on a batched ``[B, N, D]``-like tensor (padded, nested or danling).
 
     ``mask`` (``[B, 1, 1, N]``, True = attend) hides padded keys (None for the
     nested types, whose SDPA attends within each sample).
     """
     d = x.shape[-1]
-    qkv = F.linear(x, p[f"{i}.qkv_w"], p[f"{i}.qkv_b"])
+    qkv = F.linear(x, p["qkv_w"], p["qkv_b"])
     parts = qkv.chunk(3, dim=-1)
     if x.is_nested:  # torch.nested's SDPA wants contiguous values before the transpose
         parts = tuple(t.contiguous() for t in parts)
     q, k, v = (t.unflatten(-1, (heads, d // heads)).transpose(1, 2) for t in parts)
     a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).flatten(-2)
-    h = F.layer_norm(
-        x + F.linear(a, p[f"{i}.o_w"], p[f"{i}.o_b"]), (d,), p[f"{i}.ln1_w"], p[f"{i}.ln1_b"]
-    )
-    f = F.linear(
-        F.gelu(F.linear(h, p[f"{i}.f1_w"], p[f"{i}.f1_b"])), p[f"{i}.f2_w"], p[f"{i}.f2_b"]
-    )
-    return F.layer_norm(h + f, (d,), p[f"{i}.ln2_w"], p[f"{i}.ln2_b"])
+    h = F.layer_norm(x + F.linear(a, p["o_w"], p["o_b"]), (d,), p["ln1_w"], p["ln1_b"])
+    f = F.linear(F.gelu(F.linear(h, p["f1_w"], p["f1_b"])), p["f2_w"], p["f2_b"])
+    return F.layer_norm(h + f, (d,), p["ln2_w"], p["ln2_b"])
 
 
 @cache
 def model(scale: str) -> Model:
-    """The BERT stack of ``scale`` written once per system (cached: compiled code is shared)."""
+    """The BERT stack of ``scale`` written once per system (cached: compiled code is shared).
+
+    Each system's stack is ``stack(layer)``: a loop over one layer function with that
+    layer's parameters, so compiled systems compile one layer per scale and reuse it
+    for every layer (regional compilation: the unrolled 12-layer base stack would
+    take minutes to compile on 2 cores; see docs/benchmarks.md).
+    """
     layers, dim, heads = SCALES[scale]
 
-    def sample(t: Tensor, p: Params) -> Tensor:
-        for i in range(layers):
-            t = layer_sample(t, p, i, heads)
-        return t
+    def stack(layer: Callable[..., Any]) -> Callable[..., Any]:
+        def run(x: Any, p: Params, *rest: Any) -> Any:
+            for i in range(layers):
+                x = layer(x, layer_params(p, i), heads, *rest)
+            return x
 
-    def ragged(x: Ragged, p: Params) -> Ragged:
-        for i in range(layers):
-            x = layer_ragged(x, p, i, heads)
-        return x
-
-    def batched(x: Any, p: Params, mask: Tensor | None) -> Any:
-        for i in range(layers):
-            x = layer_batched(x, p, i, heads, mask)
-        return x
+        return run
 
     return Model(
-        dim, lambda gen, dtype: make_params(layers, dim, gen, dtype), sample, ragged, batched
+        dim,
+        lambda gen, dtype: make_params(layers, dim, gen, dtype),
+        stack(layer_sample),
+        stack(layer_ragged),
+        stack(layer_batched),
+        stack=stack,
+        ragged_layer=layer_ragged,
+        batched_layer=layer_batched,
     )
 
 

@@ -9,9 +9,11 @@ returns a :class:`Step`: a zero-argument ``run`` that does the timed work and a
 
 Method, the same for every cell:
 
-- one process, ``torch.set_num_threads(threads)`` fixed (default 2);
-- warm-up runs, then ``repeats`` rounds; in each round the padded baseline and the
-  system run back to back, so a drift of the (shared, noisy) machine hits both;
+- one process, ``torch.set_num_threads(threads)`` fixed (default 1: two threads on
+  the shared 2-core machine are noisy);
+- warm-up runs (none after the checked first call of a step slower than 1 s), then
+  ``repeats`` rounds, or as many as fit in ``max_seconds`` per system (at least 3);
+  in each round the padded baseline and the system run back to back, so a drift of the (shared, noisy) machine hits both;
   the reported ratio is the median of the per-round ratios, the times are medians;
 - before timing, each system's output (forward values, or gradients for
   ``fwd+bwd``) is compared per sample with the padded baseline's; a system that
@@ -20,8 +22,8 @@ Method, the same for every cell:
   says); ``fraction of ideal = ideal ratio / measured ratio`` (1.0 = all the padding
   saved, below 1 = overhead left);
 - peak memory per system is measured outside the timing process, in one fresh
-  subprocess per case (``python -m benchmarks.harness --measure-memory ...``) that
-  takes the systems in turn: the growth of the peak RSS (``VmHWM``, reset through
+  subprocess per suite run (``python -m benchmarks.harness --measure-memory -``)
+  that takes the cases and their systems in turn: the growth of the peak RSS (``VmHWM``, reset through
   ``/proc/self/clear_refs``) while the step runs once more after a first run, with
   its inputs built and the previous system's freed; on CUDA
   ``torch.cuda.max_memory_allocated`` above the memory held before the step.
@@ -203,6 +205,38 @@ def _calibrate(run: Callable[[], Any], device: str, min_time: float) -> int:
     return max(1, min(1000, math.ceil(min_time / max(once, 1e-7))))
 
 
+# a step whose first (checked) call took this long is warm after it: no more warm-up calls
+SLOW_STEP_S = 1.0
+
+
+def _checked_run(step: Step, device: str) -> tuple[Any, float]:
+    """The step's first call (its output is checked) and how long it took."""
+    _sync(device)
+    start = time.perf_counter()
+    out = step.run()
+    _sync(device)
+    return out, time.perf_counter() - start
+
+
+def _warm_up(
+    run: Callable[[], Any], device: str, warmup: int, min_time: float, first: float
+) -> int:
+    """Run the warm-up calls (timed), then return the calls per sample.
+
+    ``first`` is the duration of the step's first, checked call. A step slower than
+    :data:`SLOW_STEP_S` counts that call as its warm-up (one more 4-10 s call of a
+    Pairformer or BERT-base cell would only cost time). A step whose calls already
+    last ``min_time`` needs one call per sample and no calibration runs; faster
+    steps are calibrated with :func:`_calibrate` (milliseconds).
+    """
+    if first >= SLOW_STEP_S:
+        return 1
+    times = [_time_once(run, device, 1) for _ in range(warmup)]
+    if times and min(times) >= min_time:
+        return 1
+    return _calibrate(run, device, min_time)
+
+
 @dataclass
 class Cell:
     """One measured (case, system): medians in milliseconds, or a status saying why not."""
@@ -221,6 +255,8 @@ class Cell:
     peak_memory_mb: float | None = None
     rounds: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # wall time this system took in the case (build, check, warm-up, rounds), for budgeting
+    seconds: float | None = None
 
 
 def _status_of(error: BaseException) -> str:
@@ -263,11 +299,12 @@ def measure_case(
     (at least 3), so one pathological cell cannot stall the suite.
     """
     ideal = suite.ideal_ratio(case)
+    started = time.perf_counter()
     baseline = suite.build(case, BASELINE)
-    expected = baseline.collect(baseline.run())
-    for _ in range(warmup):
-        baseline.run()
-    number_base = _calibrate(baseline.run, case.device, min_time)
+    out, first = _checked_run(baseline, case.device)
+    expected = baseline.collect(out)
+    number_base = _warm_up(baseline.run, case.device, warmup, min_time, first)
+    base_seconds = time.perf_counter() - started
     cells: list[Cell] = []
     base_times: list[float] = []
     for system in systems:
@@ -276,19 +313,21 @@ def measure_case(
         cells.append(cell)
         if system == BASELINE:
             continue
+        started = time.perf_counter()
         try:
             step = suite.build(case, system)
             cell.extra.update(step.extra)
-            wrong = _disagreement(step.collect(step.run()), expected, case.dtype)
+            out, first = _checked_run(step, case.device)
+            wrong = _disagreement(step.collect(out), expected, case.dtype)
             if wrong:  # never time a wrong computation
                 cell.status = f"wrong: {wrong}"
                 continue
-            for _ in range(warmup):
-                step.run()
-            number = _calibrate(step.run, case.device, min_time)
+            number = _warm_up(step.run, case.device, warmup, min_time, first)
         except Exception as error:  # report the cell, keep the suite going
             cell.status = _status_of(error)
             continue
+        finally:
+            cell.seconds = round(time.perf_counter() - started, 2)
         times, ratios = [], []
         deadline = time.perf_counter() + max_seconds
         for r in range(repeats):
@@ -309,18 +348,22 @@ def measure_case(
         cell.ratio = statistics.median(ratios)
         cell.fraction_of_ideal = ideal / cell.ratio
         cell.rounds = len(times)
+        cell.seconds = round(time.perf_counter() - started, 2)  # includes padded's rounds
         del step
     if BASELINE in systems:
         base_cell = next(c for c in cells if c.system == BASELINE)
         base_cell.extra.update(baseline.extra)
         if not base_times:  # the baseline alone: time it on its own
+            started = time.perf_counter()
             base_times = [
                 _time_once(baseline.run, case.device, number_base) for _ in range(repeats)
             ]
+            base_seconds += time.perf_counter() - started
         base_cell.time_ms = base_cell.baseline_ms = 1e3 * statistics.median(base_times)
         base_cell.ratio = 1.0
         base_cell.fraction_of_ideal = ideal
         base_cell.rounds = len(base_times)
+        base_cell.seconds = round(base_seconds, 2)  # build, check, warm-up (rounds: above)
     return cells
 
 
@@ -376,29 +419,39 @@ def measure_memory(case: Case, system: str, threads: int, timeout: float = 300) 
 def measure_memory_systems(
     case: Case, systems: Sequence[str], threads: int, timeout: float = 600
 ) -> dict[str, float | None]:
-    """Peak memory of each system's step, measured in one fresh interpreter per case.
+    """Peak memory of each system's step, measured in one fresh interpreter."""
+    return measure_memory_cases([(case, list(systems))], threads, timeout)[0]
+
+
+def measure_memory_cases(
+    work: Sequence[tuple[Case, Sequence[str]]], threads: int, timeout: float = 600
+) -> list[dict[str, float | None]]:
+    """Peak memory of each (case, system), measured in one fresh interpreter per suite.
 
     The child measures the systems one after another, each from a reset peak mark
     (``/proc/self/clear_refs``; on CUDA ``reset_peak_memory_stats``) after the
     previous system's inputs were freed, which saves an interpreter start (several
-    seconds of ``import torch`` on a loaded machine) per system. Where the peak
-    mark cannot be reset, every system gets its own interpreter.
+    seconds of ``import torch`` on a loaded machine) per case and system: a
+    suite's memory costs one interpreter start. Where the peak mark cannot be
+    reset, every system gets its own interpreter. ``timeout`` is per case.
     """
-    systems = list(systems)
-    if not systems:
-        return {}
-    if len(systems) > 1 and not case.device.startswith("cuda") and not _can_reset_peak():
-        return {s: measure_memory(case, s, threads, timeout) for s in systems}
+    out: list[dict[str, float | None]] = [dict.fromkeys(systems) for _, systems in work]
+    by_index = [i for i, (_, systems) in enumerate(work) if systems]  # child index -> ours
+    work = [(case, list(systems)) for case, systems in work if systems]
+    if not work:
+        return out
+    device = work[0][0].device
+    if not device.startswith("cuda") and not _can_reset_peak():
+        many = sum(len(systems) for _, systems in work) > 1
+        if many:
+            return [
+                {s: measure_memory_cases([(case, [s])], threads, timeout)[0][s] for s in systems}
+                for case, systems in work
+            ]
     command = [
-        sys.executable,
-        "-m",
-        "benchmarks.harness",
-        "--measure-memory",
-        json.dumps(_case_to_json(case)),
-        ",".join(systems),
-        "--threads",
-        str(threads),
-    ]
+        sys.executable, "-m", "benchmarks.harness", "--measure-memory", "-",
+        "--threads", str(threads),
+    ]  # fmt: skip
     root = Path(__file__).resolve().parent.parent
     env = {
         **os.environ,
@@ -407,19 +460,22 @@ def measure_memory_systems(
         # of one step is not hidden by memory glibc kept from building the inputs
         "MALLOC_MMAP_THRESHOLD_": "65536",
     }
-    out: dict[str, float | None] = dict.fromkeys(systems)
+    payload = json.dumps([[_case_to_json(case), systems] for case, systems in work])
     try:
         done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, cwd=root, env=env,
-            check=False,
+            command, input=payload, capture_output=True, text=True,
+            timeout=timeout * len(work), cwd=root, env=env, check=False,
         )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return out
-    for line in done.stdout.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name in out:
-            with contextlib.suppress(ValueError):
-                out[name] = float(value)
+        stdout = done.stdout
+    except subprocess.TimeoutExpired as expired:  # keep what was measured before
+        stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else ""
+    for line in stdout.splitlines():
+        index, _, rest = line.partition(" ")
+        name, _, value = rest.rpartition(" ")
+        with contextlib.suppress(ValueError, IndexError):
+            row = out[by_index[int(index)]]
+            if name in row:
+                row[name] = float(value)
     return out
 
 
@@ -478,7 +534,7 @@ def run_suite(
     *,
     quick: bool = False,
     device: str = "cpu",
-    threads: int = 2,
+    threads: int = 1,
     warmup: int | None = None,
     repeats: int | None = None,
     memory: bool = True,
@@ -487,11 +543,13 @@ def run_suite(
     max_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Measure every cell of ``suite`` and return the JSON-able record."""
-    max_seconds = (2.0 if quick else 12.0) if max_seconds is None else max_seconds
+    # the full run's budget (`make bench` < 15 min at 1 thread, docs/benchmarks.md): the
+    # per-round ratio of alternated runs is stable to a few % after 3-7 rounds here
+    max_seconds = (1.0 if quick else 2.0) if max_seconds is None else max_seconds
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    warmup = (1 if quick else 3) if warmup is None else warmup
-    repeats = (5 if quick else 15) if repeats is None else repeats
+    warmup = 1 if warmup is None else warmup
+    repeats = (5 if quick else 7) if repeats is None else repeats
     systems = list(systems or suite.systems)
     cases = [
         c
@@ -500,6 +558,7 @@ def run_suite(
     ]
     started = time.time()
     cells: list[Cell] = []
+    to_measure: list[tuple[Case, list[Cell]]] = []
     bar = _progress(cases, suite.name)
     for case in bar:
         if hasattr(bar, "set_postfix_str"):
@@ -508,11 +567,16 @@ def run_suite(
             suite, case, systems, warmup=warmup, repeats=repeats, max_seconds=max_seconds
         )
         if memory and (suite.memory_for is None or suite.memory_for(case)):
-            ok = [cell for cell in got if cell.status == "ok"]
-            peaks = measure_memory_systems(case, [cell.system for cell in ok], threads)
-            for cell in ok:
-                cell.peak_memory_mb = peaks[cell.system]
+            to_measure.append((case, [cell for cell in got if cell.status == "ok"]))
         cells.extend(got)
+    if to_measure:  # one child interpreter for the whole suite, after the timing
+        print(f"{suite.name}: peak memory of {len(to_measure)} cases...", file=sys.stderr)
+        peaks = measure_memory_cases(
+            [(case, [cell.system for cell in ok]) for case, ok in to_measure], threads
+        )
+        for (_, ok), peak in zip(to_measure, peaks, strict=True):
+            for cell in ok:
+                cell.peak_memory_mb = peak[cell.system]
     record = {
         "suite": suite.name,
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -751,22 +815,26 @@ def write_plot(record: dict[str, Any], path: Path) -> bool:
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="benchmark harness child (memory probe)")
     parser.add_argument(
-        "--measure-memory", nargs=2, metavar=("CASE_JSON", "SYSTEMS"), required=True,
-        help="a case as JSON and comma-separated systems; prints 'system MiB' per line",
+        "--measure-memory", metavar="WORK_JSON", required=True,
+        help="JSON list of [case, [systems]] ('-': read it from stdin); prints "
+        "'<case index> <system> <MiB>' per line",
     )  # fmt: skip
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    case = _case_from_json(json.loads(args.measure_memory[0]))
-    suite = load_suite(case.suite)
-    for system in args.measure_memory[1].split(","):
-        try:
-            peak = measure_memory_here(suite, case, system)
-        except Exception as error:  # the parent records None for this system
-            print(f"{system} failed: {type(error).__name__}", file=sys.stderr)
-            continue
-        print(f"{system} {peak:.3f}", flush=True)
-        gc.collect()  # the step and its inputs are gone before the next system builds
+    text = sys.stdin.read() if args.measure_memory == "-" else args.measure_memory
+    for index, (case_json, systems) in enumerate(json.loads(text)):
+        case = _case_from_json(case_json)
+        suite = load_suite(case.suite)
+        for system in systems:
+            try:
+                peak = measure_memory_here(suite, case, system)
+            except Exception as error:  # the parent records None for this system
+                print(f"{index} {system} failed: {type(error).__name__}", file=sys.stderr)
+                continue
+            finally:
+                gc.collect()  # the step and its inputs are gone before the next one builds
+            print(f"{index} {system} {peak:.3f}", flush=True)
     return 0
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks.harness import (
     load_suite,
@@ -37,7 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--system", action="append", help="only these systems (padded is always run)"
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch.set_num_threads (default 1: 2 threads are noisy on a shared 2-core machine)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument(
@@ -54,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         parser.error(f"unknown suite(s) {unknown}; known: {SUITES}")
+    started = time.perf_counter()
+    written: list[tuple[Path, dict[str, Any]]] = []
     for name in names:
         suite = load_suite(name)
         systems = None
@@ -76,13 +83,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             + ("" if args.device == "cpu" else f"-{args.device}")
         )
         write_json(record, args.out / f"{stem}.json")
+        written.append((args.out / f"{stem}.json", record))
         write_markdown(record, args.out / f"{stem}.md")
         plotted = write_plot(record, args.out / f"{stem}.png")
         print(markdown_report(record))
         print(
             f"wrote {args.out / stem}.json/.md" + (" and .png" if plotted else ""), file=sys.stderr
         )
+    # the whole run (every suite and writer; not the ~2 s of importing torch) in every record
+    run_info = {
+        "suites": {record["suite"]: record["seconds"] for _, record in written},
+        "total_seconds": round(time.perf_counter() - started, 1),
+    }
+    for path, record in written:
+        record["run"] = run_info
+        write_json(record, path)
+    print(total_line(run_info))
     return 0
+
+
+def total_line(run_info: dict[str, Any]) -> str:
+    """``total elapsed 2 min 41 s (segment_ops 38 s, ...)``."""
+    parts = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in run_info["suites"].items())
+    minutes, seconds = divmod(round(run_info["total_seconds"]), 60)
+    return f"total elapsed {minutes} min {seconds} s ({parts})"
 
 
 if __name__ == "__main__":

@@ -249,3 +249,75 @@ def test_docs_show_the_committed_results():
     assert shown >= 1, "docs/benchmarks.md shows none of benchmarks/results/*.json"
     for ratio in re.findall(r"\((\d+\.\d+)x\)", docs):
         assert math.isfinite(float(ratio))
+
+
+# ----- run time budget (issue #6: `make bench` < 20 min, `make bench-quick` < 3 min) -----
+
+
+def test_slow_steps_count_their_checked_call_as_warm_up():
+    calls = []
+    run = lambda: calls.append(1)  # noqa: E731
+    # a first call slower than SLOW_STEP_S: no warm-up and no calibration calls
+    assert harness._warm_up(run, "cpu", 3, 0.03, first=harness.SLOW_STEP_S) == 1
+    assert calls == []
+    # a fast step: the warm-up calls, then the three calibration calls
+    number = harness._warm_up(run, "cpu", 2, 0.03, first=0.0)
+    assert len(calls) == 2 + 3 and number > 1
+
+
+def test_cells_record_their_wall_time():
+    case = tiny_case("sum", "fwd", torch.float32)
+    cells = harness.measure_case(SUITE, case, ["padded", "raggedfn"], repeats=3, min_time=0.0)
+    assert all(c.seconds is not None and c.seconds >= 0 for c in cells)
+
+
+def test_run_prints_and_records_the_total_time(tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    from benchmarks import run
+
+    tiny = dataclasses.replace(
+        SUITE,
+        workloads=["sum"],
+        modes=["fwd"],
+        params=lambda quick: {"batch": 3, "dim": 8, "scale": 0.02},
+        distributions=lambda quick: ["lognormal"],
+    )
+    monkeypatch.setattr(run, "SUITES", ["a", "b"])
+    monkeypatch.setattr(run, "load_suite", lambda name: dataclasses.replace(tiny, name=name))
+    monkeypatch.setattr(run, "write_plot", lambda record, path: False)
+    assert run.main(["--out", str(tmp_path), "--no-memory", "--repeats", "3"]) == 0
+    records = [json.loads((tmp_path / f"{name}.json").read_text()) for name in ("a", "b")]
+    for record in records:
+        assert record["threads"] == 1  # the default: 2 threads are noisy on 2 shared cores
+        assert record["run"] == records[0]["run"]
+    total = records[0]["run"]
+    assert set(total["suites"]) == {"a", "b"}
+    assert total["total_seconds"] >= sum(total["suites"].values()) - 0.2
+    assert re.search(
+        r"^total elapsed \d+ min \d+ s \(a \d+ s, b \d+ s\)$", capsys.readouterr().out, re.M
+    )
+
+
+def test_memory_of_a_suite_is_measured_in_one_subprocess(monkeypatch):
+    base = tiny_case("softmax", "fwd", torch.float32)
+    params = {**base.params, "dim": 256}
+    big = Case(**{**base.__dict__, "lengths": (2048, 8), "params": params})
+    small = Case(**{**base.__dict__, "lengths": (8, 8), "params": params})
+    runs = []
+    real_run = harness.subprocess.run
+
+    def counting_run(*args, **kwargs):
+        runs.append(args)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(harness.subprocess, "run", counting_run)
+    got = harness.measure_memory_cases(
+        [(big, ["padded", "raggedfn"]), (small, []), (small, ["padded"])], 1
+    )
+    assert len(runs) == 1
+    assert got[1] == {}
+    # [2, 2048, 256] float32 = 4 MiB: masked_fill and softmax each make a copy
+    assert got[0]["padded"] is not None and got[0]["padded"] > 4
+    assert got[2]["padded"] is not None and got[2]["padded"] < 2
+    assert got[0]["raggedfn"] is not None and got[0]["raggedfn"] < got[0]["padded"]
