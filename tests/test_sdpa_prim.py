@@ -201,3 +201,22 @@ def test_inputs_unmodified_and_dtype_kept(dtype: torch.dtype) -> None:
     assert out.dtype == dtype
     for t, c in zip((q, k, v, bias, keep), copies, strict=True):
         assert torch.equal(t, c)
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 7])
+def test_query_and_keys_broadcast_against_a_larger_mask(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """q, k, v without the leading axis of the bias: gradients summed back over it."""
+    monkeypatch.setattr(_sdpa, "CHUNK_LOGITS", chunk)
+    q, k, v = _randn(3, 5, 4, seed=0), _randn(3, 6, 4, seed=1), _randn(3, 6, 2, seed=2)
+    bias, keep = _randn(2, 3, 5, 6, seed=3), _keep(2, 1, 5, 6, seed=4)
+    # torch's SDPA does not broadcast q against the mask: the reference expands q, k, v
+    want = _reference(*(t.expand(2, *t.shape) for t in (q, k, v)), bias, keep)
+    got = scaled_dot_product_attention(q, k, v, bias, keep)
+    torch.testing.assert_close(got, want)
+    cotangent = _randn(*want.shape, seed=5, grad=False)
+    expected = torch.autograd.grad(want, [q, k, v, bias], cotangent)
+    actual = torch.autograd.grad(got, [q, k, v, bias], cotangent)
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e)

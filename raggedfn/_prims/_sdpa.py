@@ -47,6 +47,21 @@ def _logits(scaled_q: Tensor, k: Tensor, bias: Tensor | None, keep: Tensor | Non
     return logits
 
 
+def _probabilities_in_place(
+    scaled_q: Tensor, k: Tensor, bias: Tensor | None, keep: Tensor | None, lse: Tensor
+) -> Tensor:
+    """``exp(logits - lse)`` reusing one buffer; only where nothing records (no graph)."""
+    logits = torch.matmul(scaled_q, k.transpose(-1, -2))
+    shape = torch.broadcast_shapes(logits.shape, *(m.shape for m in (bias, keep) if m is not None))
+    if shape != logits.shape:  # q and k broadcast against a larger mask
+        logits = torch.broadcast_to(logits, shape).clone()
+    if bias is not None:
+        logits.add_(bias)
+    if keep is not None:
+        logits.masked_fill_(~keep, float("-inf"))
+    return logits.sub_(lse).exp_()
+
+
 def _finite_lse(logits: Tensor) -> Tensor:
     """Row logsumexp ``[..., N, 1]``; 0 for a row with no key left, whose probabilities are 0."""
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)
@@ -106,6 +121,8 @@ class _Attention(torch.autograd.Function):
             delta = delta - grad_lse
         step = _query_block(q, k)
         scaled_q = q * scale
+        # without create_graph nothing records this backward: reuse the [rows, M] buffers
+        in_place = not torch.is_grad_enabled()
         dqs: list[Tensor] = []
         dbiases: list[Tensor] = []
         dk: Tensor | None = None
@@ -113,21 +130,37 @@ class _Attention(torch.autograd.Function):
         for lo in range(0, max(q.shape[-2], 1), step):
             hi = lo + step
             q_rows, g_rows = scaled_q[..., lo:hi, :], grad_out[..., lo:hi, :]
-            logits = _logits(q_rows, k, _rows(bias, lo, hi), _rows(keep, lo, hi))
-            probs = torch.exp(logits - lse[..., lo:hi, :])
+            bias_rows, keep_rows, lse_rows = (
+                _rows(bias, lo, hi),
+                _rows(keep, lo, hi),
+                lse[..., lo:hi, :],
+            )
+            if in_place:
+                probs = _probabilities_in_place(q_rows, k, bias_rows, keep_rows, lse_rows)
+            else:
+                probs = torch.exp(_logits(q_rows, k, bias_rows, keep_rows) - lse_rows)
             if need_v:
                 part = torch.matmul(probs.transpose(-1, -2), g_rows)
                 dv = part if dv is None else dv + part
             if not (need_q or need_k or need_bias):
                 continue
-            dlogits = probs * (torch.matmul(g_rows, v.transpose(-1, -2)) - delta[..., lo:hi, :])
+            dprobs = torch.matmul(g_rows, v.transpose(-1, -2))
+            if in_place:
+                dlogits = dprobs.sub_(delta[..., lo:hi, :]).mul_(probs)
+            else:
+                dlogits = probs * (dprobs - delta[..., lo:hi, :])
             if need_q:
                 dqs.append(torch.matmul(dlogits, k) * scale)
             if need_k:
                 part = torch.matmul(dlogits.transpose(-1, -2), q_rows)
                 dk = part if dk is None else dk + part
-            if need_bias:
-                dbiases.append(dlogits)
+            if need_bias:  # reduced block by block: the [..., rows, M] blocks are not kept
+                assert bias is not None
+                if bias.ndim >= 2 and bias.shape[-2] != 1:
+                    target = (*bias.shape[:-2], dlogits.shape[-2], bias.shape[-1])
+                else:
+                    target = tuple(bias.shape)
+                dbiases.append(dlogits.sum_to_size(target))
         dq = _join(dqs, q.shape) if need_q else None
         dk = _fit(dk, k.shape) if need_k else None
         dv = _fit(dv, v.shape) if need_v else None
@@ -136,13 +169,11 @@ class _Attention(torch.autograd.Function):
             assert bias is not None
             # query rows: concatenated where the bias has them, else summed
             if bias.ndim >= 2 and bias.shape[-2] != 1:
-                lead, keys = bias.shape[:-2], bias.shape[-1]
-                dbias = torch.cat([d.sum_to_size(*lead, d.shape[-2], keys) for d in dbiases], -2)
+                dbias = dbiases[0] if len(dbiases) == 1 else torch.cat(dbiases, -2)
             else:
-                total = dbiases[0].sum_to_size(bias.shape)
+                dbias = dbiases[0]
                 for d in dbiases[1:]:
-                    total = total + d.sum_to_size(bias.shape)
-                dbias = total
+                    dbias = dbias + d
         return dq, dk, dv, dbias, None, None
 
 
