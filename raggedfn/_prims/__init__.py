@@ -24,6 +24,7 @@ differentiable torch ops, which is as fast and also supports forward-mode AD
 """
 
 from ._extrema import identity, segment_amax, segment_amin, segment_max, segment_min
+from ._opaque import host_planned, implement
 from ._prod import segment_prod
 from ._sdpa import scaled_dot_product_attention
 from ._segment import (
@@ -39,7 +40,9 @@ from ._softmax import segment_log_softmax, segment_logsumexp, segment_softmax
 
 __all__ = [
     "broadcast",
+    "host_planned",
     "identity",
+    "implement",
     "pad",
     "scaled_dot_product_attention",
     "segment_counts",

@@ -11,20 +11,19 @@ autograd through SDPA and the pad/unpad gathers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _prims
 from .._errors import describe, fail
 from .._layout import Layout
 from .._prims import scaled_dot_product_attention as lean_sdpa
 from .._ragged import Ragged
 from . import _bucket
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
 
 __all__ = ["attention"]
 
@@ -220,10 +219,69 @@ def attention(
         >>> out.shape, out.lengths.tolist()
         ((2, None, 2, 8), [3, 5])
     """
+    if torch.compiler.is_compiling():  # the plan runs inside one opaque graph node
+        return _compiled(q, k, v, bias, key_padding, causal, scale)
     return _attention(q, k, v, bias, key_padding, causal, scale)
 
 
-@torch.compiler.disable  # reads sizes on the host (buckets, per-sample calls): eager when compiled
+def _compiled(
+    q: Ragged,
+    k: Ragged,
+    v: Ragged,
+    bias: Ragged | Tensor | None,
+    key_padding: Ragged | None,
+    causal: bool,
+    scale: float | None,
+) -> Ragged:
+    """:func:`_attention` as one opaque node (``_prims.host_planned``): its output has
+    the partition and layout of ``q``; every check runs with the real tensors."""
+    fn = "attention"
+    q = _check_tokens(fn, "q", q)
+    k = _check_tokens(fn, "k", k, q.num_ragged)
+    v = _check_tokens(fn, "v", v, q.num_ragged)
+    tensors: list[Tensor] = []
+    codes: list[str | None] = []
+    for x in (q, k, v, bias, key_padding):
+        if isinstance(x, Ragged):
+            tensors += [x.values, x.offsets, x.sizes]
+            codes.append(x.layout.code)
+        elif isinstance(x, Tensor):
+            tensors.append(x)
+            codes.append("")
+        elif x is None:
+            codes.append(None)
+        else:
+            raise fail(fn, f"bias must be a Ragged pair state or a tensor, got {describe(x)}")
+    # a plain string (dynamo folds string ops on constants, not json); codes hold no ";"
+    meta = ";".join([*("-" if c is None else c for c in codes), str(causal), repr(scale)])
+    shape = list(q.values.shape)
+    # Dh -> Dv, where q stores Dh
+    shape[1 + q.layout.axes[-1].index] = v.values.shape[1 + v.layout.axes[-1].index]
+    values = _prims.host_planned("attention", meta, tensors, shape)
+    return Ragged(values, q.offsets, q.sizes, q.layout)
+
+
+@_prims.implement("attention")
+def _compiled_impl(tensors: Sequence[Tensor], meta: str) -> Tensor:
+    """The eager :func:`_attention` on the flattened arguments of :func:`_compiled`."""
+    *fields, causal_text, scale_text = meta.split(";")
+    codes = [None if c == "-" else c for c in fields]
+    causal = causal_text == "True"
+    scale = None if scale_text == "None" else float(scale_text)
+    found = iter(tensors)
+    args: list[Ragged | Tensor | None] = []
+    for code in codes:
+        if code:
+            args.append(Ragged(next(found), next(found), next(found), Layout(code)))
+        else:
+            args.append(None if code is None else next(found))
+    q, k, v, bias, key_padding = args
+    assert isinstance(q, Ragged) and isinstance(k, Ragged) and isinstance(v, Ragged)
+    assert key_padding is None or isinstance(key_padding, Ragged)
+    return _attention(q, k, v, bias, key_padding, causal, scale).values
+
+
+@torch.compiler.disable  # reads sizes on the host; under compile attention calls _compiled
 def _attention(
     q: Ragged,
     k: Ragged,

@@ -223,6 +223,11 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
                 if op is not base:
                     check_equal(fn, "sizes", op.sizes, sizes)
                     check_equal(fn, "offsets", op.offsets, offsets)
+                    if _is_tracing(offsets):
+                        # equal partitions have equal row counts: tell the tracer, so that
+                        # a data-dependent count (from a product or a new ragged axis)
+                        # unifies with this one instead of failing to broadcast
+                        torch._check(values.shape[0] == total)
             else:
                 for p, k in own.items():
                     same = op.sizes is sizes and k == result_k[p]

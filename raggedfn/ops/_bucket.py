@@ -9,8 +9,10 @@ composite of differentiable torch ops (gathers, whose backward is an
 ``index_put``), so gradients of any order come from autograd.
 
 Bucket planning reads the sizes on the host (one ``tolist`` per call): this is
-the one data-dependent step. It is cheap in eager mode but it is a graph break
-under ``torch.compile`` (see ``docs/benchmarks-pairs.md``).
+the one data-dependent step. It is cheap in eager mode; under ``torch.compile``
+the ops that plan buckets run as one opaque custom-op node each
+(``_prims.host_planned``), so the plan still runs on real sizes and the graph
+does not break (see ``docs/compile.md``).
 
 Each ragged axis of each operand is named by a *symbol* (an einsum letter);
 axes with the same symbol have the same size in every sample.

@@ -12,12 +12,15 @@ one batched dense call per bucket (see ``_bucket.py``), so the work follows
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from .. import _prims
 from .._errors import describe, fail
+from .._index import offsets_of
 from .._layout import Layout
 from .._ragged import Ragged
 from . import _bucket
@@ -153,10 +156,12 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
         if out_symbols == symbols_of[n]:
             return _packed(equation, operands, inputs, rhs, n, out_layout)
 
+    if torch.compiler.is_compiling():  # the bucket plan runs inside one opaque graph node
+        return _compiled(inputs, rhs, operands, symbols_of, batched_dense, out_symbols, out_layout)
     return _bucketed(inputs, rhs, operands, symbols_of, batched_dense, out_symbols, out_layout)
 
 
-@torch.compiler.disable  # bucket planning reads sizes on the host: runs eagerly when compiled
+@torch.compiler.disable  # reads sizes on the host; under compile einsum calls _compiled instead
 def _bucketed(
     inputs: list[str],
     rhs: str,
@@ -197,6 +202,92 @@ def _bucketed(
     if not out_symbols:
         return _bucket.unpad_dense(parts, buckets, batch_size)
     return _bucket.unpad(parts, out_layout, out_symbols, buckets, ragged_sizes, batch_size)
+
+
+def _compiled(
+    inputs: list[str],
+    rhs: str,
+    operands: tuple[Ragged | Tensor, ...],
+    symbols_of: list[list[str]],
+    batched_dense: list[int],
+    out_symbols: list[str],
+    out_layout: Layout,
+) -> Ragged | Tensor:
+    """:func:`_bucketed` under ``torch.compile``: one opaque node (``_prims.host_planned``).
+
+    The result's partition is built in the graph from the operands' sizes; its
+    row count is data-dependent unless an operand has the result's partition.
+    """
+    tensors: list[Tensor] = []
+    layouts: list[str] = []
+    letter_size: dict[str, Any] = {}
+    columns: dict[str, Tensor] = {}
+    reuse: Ragged | None = None  # an operand whose partition is the result's
+    batch_size = 0
+    for n, (op, sub) in enumerate(zip(operands, inputs, strict=True)):
+        if isinstance(op, Ragged):
+            tensors += [op.values, op.offsets, op.sizes]
+            layouts.append(op.layout.code)
+            batch_size = op.batch_size
+            for p, axis in enumerate(op.layout.axes):
+                if not axis.ragged:
+                    letter_size.setdefault(sub[1 + p], op.values.shape[1 + axis.index])
+            for k, letter in enumerate(symbols_of[n]):
+                columns.setdefault(letter, op.sizes[:, k])
+            if reuse is None and symbols_of[n] == out_symbols:
+                reuse = op
+        else:
+            tensors.append(op)
+            layouts.append("")
+            for letter, size in zip(sub, op.shape, strict=True):
+                letter_size.setdefault(letter, size)
+    # a plain string (dynamo folds string ops on constants, not json): letters are single
+    # characters and layout codes hold no ";" or "/"
+    meta = ";".join(
+        [
+            ",".join(inputs),
+            rhs,
+            "/".join(layouts),
+            ",".join("".join(symbols) for symbols in symbols_of),
+            ",".join(str(n) for n in batched_dense),
+            "".join(out_symbols),
+            out_layout.code,
+        ]
+    )
+    if not out_symbols:
+        shape = [batch_size, *(letter_size[c] for c in rhs[1:])]
+        return _prims.host_planned("einsum", meta, tensors, shape)
+    if reuse is not None:
+        offsets, sizes, total = reuse.offsets, reuse.sizes, reuse.values.shape[0]
+    else:
+        sizes = torch.stack([columns[s] for s in out_symbols], dim=1)
+        offsets = offsets_of(sizes.prod(dim=1))
+        total = int(offsets[-1])  # a new packed row count: data-dependent
+    dense = {a.index: rhs[1 + p] for p, a in enumerate(out_layout.axes) if not a.ragged}
+    shape = [total, *(letter_size[dense[j]] for j in range(out_layout.num_dense))]
+    values = _prims.host_planned("einsum", meta, tensors, shape)
+    return Ragged(values, offsets, sizes, out_layout)
+
+
+@_prims.implement("einsum")
+def _compiled_impl(tensors: Sequence[Tensor], meta: str) -> Tensor:
+    """The eager :func:`_bucketed` on the flattened operands of :func:`_compiled`."""
+    fields = meta.split(";")
+    inputs, rhs, layouts = fields[0].split(","), fields[1], fields[2].split("/")
+    symbols_of = [list(symbols) for symbols in fields[3].split(",")]
+    batched_dense = [int(n) for n in fields[4].split(",") if n]
+    out_symbols, out_code = list(fields[5]), fields[6]
+    found = iter(tensors)
+    operands: list[Ragged | Tensor] = []
+    for code in layouts:
+        if code:
+            operands.append(Ragged(next(found), next(found), next(found), Layout(code)))
+        else:
+            operands.append(next(found))
+    out = _bucketed(
+        inputs, rhs, tuple(operands), symbols_of, batched_dense, out_symbols, Layout(out_code)
+    )
+    return out.values if isinstance(out, Ragged) else out
 
 
 def _packed(
