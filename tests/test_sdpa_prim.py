@@ -220,3 +220,28 @@ def test_query_and_keys_broadcast_against_a_larger_mask(
     actual = torch.autograd.grad(got, [q, k, v, bias], cotangent)
     for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, e)
+
+
+# dynamo instantiates the Function class itself; torch warns about its own call
+@pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+def test_compiles_fullgraph_and_equals_eager() -> None:
+    from torch._dynamo.utils import counters
+
+    q, k, v, bias, keep = _inputs("bias_and_keep")
+
+    def loss(q: Tensor, k: Tensor, v: Tensor, b: Tensor) -> Tensor:
+        return scaled_dot_product_attention(q, k, v, b, keep).pow(2).sum()
+
+    torch._dynamo.reset()
+    counters.clear()
+    got = torch.compile(loss, fullgraph=True)(q, k, v, bias)
+    got_grads = torch.autograd.grad(got, [q, k, v, bias])
+    want = loss(q, k, v, bias)
+    want_grads = torch.autograd.grad(want, [q, k, v, bias])
+    torch.testing.assert_close(got, want)
+    for a, e in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, e)
+    assert counters["stats"]["unique_graphs"] == 1
