@@ -662,3 +662,133 @@ def test_attention_with_per_sample_masks():
     report = raggedfn.map_report(masked_attention, x)
     assert_same(report.output, loop(masked_attention, x))
     assert report.fully_batched, str(report)
+
+
+def _finite_loss_grads(f, x):
+    """Gradients w.r.t. packed values of ``sum(sin(finite outputs))``: (map, loop)."""
+    values = x.values.detach().requires_grad_()
+    out = raggedfn.map(f, x.with_values(values))
+    out = out.values if isinstance(out, raggedfn.Ragged) else out
+    torch.where(torch.isfinite(out), out, 0).sin().sum().backward()
+    parts = [t.detach().requires_grad_() for t in samples(x)]
+    outs = [f(t) for t in parts]
+    total = sum(torch.where(torch.isfinite(o), o, 0).sin().sum() for o in outs)
+    grads = torch.autograd.grad(total, parts, allow_unused=True, materialize_grads=True)
+    return values.grad, pack_like(grads, x)
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: t.mean((0, 1)),
+        lambda t: t.logsumexp((0, 1)),
+        lambda t: t.logsumexp(0),
+        lambda t: t.sum((1, 0), keepdim=True),
+        lambda t: t.prod(0),
+        lambda t: t.any(0),
+        lambda t: t.all(0),
+        lambda t: torch.linalg.vector_norm(t),
+        lambda t: torch.linalg.vector_norm(t, 1, dim=0),
+        lambda t: t.softmax(0),
+        lambda t: t.log_softmax(0),
+    ],
+)
+def test_reductions_with_empty_samples_equal_the_loop_in_values_and_gradients(f):
+    # sample 3 is all zeros: prod's and norm's derivatives at 0 are the delicate ones
+    x = tokens((3, 0, 4, 2))
+    x = x.with_values(torch.cat([x.values[:7], torch.zeros(2, D, dtype=x.values.dtype)]))
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+    if x.values.dtype.is_floating_point and report.output.dtype.is_floating_point:
+        got, want = _finite_loss_grads(f, x)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: t.argmax(0),
+        lambda t: t.argmin(0),
+        lambda t: t.amax(0),
+        lambda t: t.amin(0),
+        lambda t: torch.max(t, 0)[1],
+        lambda t: torch.min(t, 0)[1],
+        lambda t: t.softmax(0),
+    ],
+)
+def test_reductions_over_the_ragged_axis_propagate_nan_as_torch(f):
+    # torch.argmax/argmin of a column with NaN give the first NaN's position
+    x = tokens((3, 1, 4))
+    values = x.values.clone()
+    values[1, 2] = values[5, 0] = values[7, 0] = math.nan
+    x = x.with_values(values)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_safe_softmax_of_a_fully_masked_column_is_zero_with_zero_gradient():
+    def f(t):
+        return torch.ops.aten._safe_softmax(t, 0)
+
+    x = tokens((3, 0, 2))
+    values = x.values.clone()
+    values[:3, 1] = values[3:, 4] = -math.inf
+    x = x.with_values(values)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+    got, want = _finite_loss_grads(f, x)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda p: p.cumsum(0),
+        lambda p: p.cumsum(1),
+        lambda p: p.permute(1, 0, 2).cumsum(0),
+        lambda p: p.cumsum(2),
+    ],
+)
+def test_cumsum_along_each_axis_of_pairs(f):
+    x = pairs((3, 0, 2, 4))
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+    got, want = _finite_loss_grads(f, x)
+    torch.testing.assert_close(got, want)
+
+
+def test_float32_cumsum_of_a_sample_after_a_large_one_keeps_its_precision():
+    # a running sum over the whole packed batch minus each sample's start, both in
+    # float32, would lose the small sample to the large one's total (2e7, ulp 2)
+    gen = torch.Generator().manual_seed(0)
+    big = torch.full((2000, 2), 1e4)
+    small = torch.rand(5, 2, generator=gen) * 1e-2
+    x = raggedfn.from_list([big, small, big[:3], small.flip(0)])
+    f = lambda t: t.cumsum(0)  # noqa: E731
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: torch.max(t, 0)[0],
+        lambda t: torch.min(t, 0)[0],
+        lambda t: t.amax(0),
+        lambda t: t.amin(0),
+        lambda t: t.logsumexp(0),
+        lambda t: t.softmax(0),
+    ],
+)
+def test_gradients_through_ties_along_the_ragged_axis_equal_the_loop(f):
+    # torch.max(t, dim) sends a tie's gradient to the returned index; amax shares it
+    x = tokens((3, 1, 5))
+    x = x.with_values((x.values * 1.5).round())
+    got, want = _finite_loss_grads(f, x)
+    torch.testing.assert_close(got, want)

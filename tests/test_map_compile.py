@@ -10,6 +10,14 @@ from tests.test_map import BERT, bert, mlp, mlp_params, tokens
 
 LAYOUT = raggedfn.Layout.standard(1, 1)
 
+# torch 2.13's dynamo instantiates ``torch.autograd.Function()`` for the ctx of every
+# custom Function it traces (the segment primitives of the batching rules), which warns;
+# the warning is torch's, not raggedfn's.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+
 
 def _step(f):
     def step(values, offsets, sizes, p):

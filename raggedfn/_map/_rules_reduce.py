@@ -2,9 +2,10 @@
 
 Reductions over ragged axes are segment reductions on the packed rows: every
 row is sent to the row of the result that keeps its other coordinates
-(``reduce_index``), and ``index_add`` / ``scatter_reduce`` combine them. All
-are plain differentiable torch ops (no custom backward). Empty samples follow
-DESIGN §4: sum 0, mean NaN, amax/amin the identity, argmax/argmin -1.
+(``reduce_index``), and the segment primitives of ``raggedfn._prims`` combine
+them (dense axes reduced in the same call are reduced row by row first).
+Empty samples follow DESIGN §4: sum 0, prod 1, mean NaN, amax/amin the
+identity, argmax/argmin -1, logsumexp -inf.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .. import _prims
 from ._registry import rule
 from ._sizes import Sz, Unsupported
 from ._values import (
@@ -24,6 +26,7 @@ from ._values import (
     canonical_layout,
     canonicalize,
     dense_shape,
+    num_ragged_of,
     reduce_index,
 )
 
@@ -89,26 +92,20 @@ def _finish(
     return RaggedB(values, layout, sz, struct)
 
 
-def _identity(dtype: torch.dtype, largest: bool) -> Any:
-    if dtype == torch.bool:
-        return largest is False
-    if dtype.is_floating_point:
-        return float("-inf") if largest else float("inf")
-    info = torch.iinfo(dtype)
-    return info.min if largest else info.max
-
-
 def segment(values: Tensor, index: Tensor, count: Any, how: str) -> Tensor:
-    """Combine rows of ``values`` that share ``index`` into ``count`` rows."""
-    shape = (count, *values.shape[1:])
+    """Combine rows of ``values`` that share ``index`` into ``count`` rows (``_prims``).
+
+    ``how`` is ``"sum"``, ``"amax"``, ``"amin"`` or ``"prod"``; the rules of
+    ``_rules_linalg`` call this name.
+    """
     if how == "sum":
-        return values.new_zeros(shape).index_add(0, index, values)
-    expanded = index.reshape(-1, *([1] * (values.ndim - 1))).expand_as(values)
-    if how in ("amax", "amin"):
-        base = values.new_full(shape, _identity(values.dtype, how == "amax"))
-        return base.scatter_reduce(0, expanded, values, how, include_self=True)
+        return _prims.segment_sum(values, index, count)
+    if how == "amax":
+        return _prims.segment_amax(values, index, count)
+    if how == "amin":
+        return _prims.segment_amin(values, index, count)
     if how == "prod":
-        return values.new_ones(shape).scatter_reduce(0, expanded, values, "prod", include_self=True)
+        return _prims.segment_prod(values, index, count)
     raise AssertionError(how)
 
 
@@ -147,7 +144,10 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     if kind in ("argmax", "argmin"):
         if bound.get("dim") is None:
             raise Unsupported("argmax/argmin of a flattened ragged value")
-        return _arg_reduce(ctx, step, x, dims[0], kind)
+        k = axes_of(x.layout)[dims[0]].index
+        largest = kind == "argmax"
+        _, _, position, sz, out_struct = _extremum(ctx, x, k, largest, x.values.detach())
+        return _finish(ctx, position, step.out.shape, sz, out_struct)
     values = x.values
     dtype = bound.get("dtype")
     if dtype is not None:
@@ -160,6 +160,7 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     per_sample = torch.ones(ctx.batch_size, dtype=torch.int64, device=ctx.device)
     for k in reduced:
         per_sample = per_sample * x.struct.sizes[:, k]
+    # rows that reach each output row, known from the sizes (no counting pass)
     n = per_sample if segments is None else per_sample[segments]
     dense_count = 1
     for d in value_dims:
@@ -168,25 +169,24 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     def over_dense(v: Tensor, fn: Any) -> Tensor:
         return fn(v, value_dims) if value_dims else v
 
-    def expand_n(t: Tensor, like: Tensor) -> Tensor:
-        return t.reshape(-1, *([1] * (like.ndim - 1)))
-
-    if kind in ("sum", "mean"):
-        out = segment(over_dense(values, lambda v, d: v.sum(d)), index, count, "sum")
-        if kind == "mean":
-            out = out / expand_n(n * dense_count, out).to(out.dtype)
-    elif kind in ("amax", "amin", "prod"):
-        if kind == "prod":
-            v = values
-            for d in sorted(value_dims, reverse=True):
-                v = v.prod(d)
+    if kind == "sum":
+        out = _prims.segment_sum(over_dense(values, torch.sum), index, count)
+    elif kind == "mean":
+        total = over_dense(values, torch.sum)
+        out = _prims.segment_mean(total, index, count, counts=n * dense_count)
+    elif kind in ("amax", "amin"):
+        if kind == "amax":
+            out = _prims.segment_amax(over_dense(values, torch.amax), index, count)
         else:
-            reducer = torch.amax if kind == "amax" else torch.amin
-            v = over_dense(values, lambda v, d: reducer(v, d))
-        out = segment(v, index, count, kind)
+            out = _prims.segment_amin(over_dense(values, torch.amin), index, count)
+    elif kind == "prod":
+        v = values
+        for d in sorted(value_dims, reverse=True):
+            v = v.prod(d)
+        out = _prims.segment_prod(v, index, count)
     elif kind in ("any", "all"):
         flag = values.bool() if kind == "any" else ~values.bool()
-        hits = segment(over_dense(flag.long(), lambda v, d: v.sum(d)), index, count, "sum")
+        hits = _prims.segment_sum(over_dense(flag.long(), torch.sum), index, count)
         out = hits > 0 if kind == "any" else hits == 0
     elif kind in ("var", "std"):
         if value_dims:
@@ -195,32 +195,31 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
         if correction is None:
             unbiased = bound.get("unbiased")
             correction = 0 if unbiased is False else 1
-        total = segment(values, index, count, "sum")
-        nn = expand_n(n, total).to(values.dtype)
-        mean = total / nn
-        centred = values - mean[index]
-        out = segment(centred * centred, index, count, "sum") / (nn - correction).clamp(min=0)
+        mean = _prims.segment_mean(values, index, count, counts=n)
+        centred = values - _prims.broadcast(mean, index)
+        squares = _prims.segment_sum(centred * centred, index, count)
+        rows = n.reshape(-1, *([1] * (squares.ndim - 1))).to(values.dtype)
+        out = squares / (rows - correction).clamp(min=0)
         if kind == "std":
             out = out.sqrt()
     elif kind == "logsumexp":
-        peak = segment(
-            over_dense(values.detach(), lambda v, d: torch.amax(v, d, keepdim=True)),
-            index,
-            count,
-            "amax",
-        )
-        peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
-        shifted = (values - peak[index]).exp()
-        total = segment(over_dense(shifted, lambda v, d: v.sum(d)), index, count, "sum")
-        out = total.log() + (peak.squeeze(value_dims) if value_dims else peak)
+        # logsumexp over the dense axes of each row first: the logsumexp of those is
+        # the logsumexp of all the elements
+        out = _prims.segment_logsumexp(over_dense(values, torch.logsumexp), index, count)
     elif kind == "norm":
         order = bound.get("ord", bound.get("p", 2))
         order = 2 if order is None else order
         if order not in (1, 2, 1.0, 2.0):
             raise Unsupported(f"norm of order {order}")
-        power = values.abs() if order in (1, 1.0) else values * values
-        out = segment(over_dense(power, lambda v, d: v.sum(d)), index, count, "sum")
-        out = out if order in (1, 1.0) else out.sqrt()
+        if order in (1, 1.0):
+            out = _prims.segment_sum(over_dense(values.abs(), torch.sum), index, count)
+        else:
+            squares = _prims.segment_sum(over_dense(values * values, torch.sum), index, count)
+            # the square root's derivative is infinite at 0: a zero vector takes the
+            # other branch (squares itself, 0), whose gradient 2 v is 0 there, as
+            # torch.linalg.vector_norm gives it
+            present = squares > 0
+            out = torch.where(present, torch.where(present, squares, 1.0).sqrt(), squares)
     else:
         raise Unsupported(kind)
     return _finish(ctx, out.to(step.out.dtype), step.out.shape, sz, out_struct)
@@ -248,18 +247,25 @@ def _dense_only(
     return RaggedB(values, layout, x.sz, x.struct)
 
 
-def _arg_reduce(ctx: Ctx, step: Any, x: RaggedB, dim: int, kind: str) -> Any:
-    k = axes_of(x.layout)[dim].index
+def _extremum(
+    ctx: Ctx, x: RaggedB, k: int, largest: bool, values: Tensor
+) -> tuple[Tensor, Tensor, Tensor, tuple[Sz, ...], Any]:
+    """Max (or min) of ``values`` along ragged storage axis ``k`` of ``x`` and where it is.
+
+    Returns ``(extremum, rows, position, sz, struct)``: ``rows`` is the packed
+    row and ``position`` the coordinate along the axis of the first element
+    that attains the extremum (as ``torch.argmax``; NaN is the largest and the
+    smallest); both are -1 for an empty segment.
+    """
     index, count, sz = reduce_index(ctx, x, {k})
-    values = x.values
-    best = segment(values.detach(), index, count, "amax" if kind == "argmax" else "amin")
-    position = x.struct.coords()[k].reshape(-1, *([1] * (values.ndim - 1)))
-    big = torch.iinfo(torch.int64).max
-    candidate = torch.where(values == best[index], position, torch.full_like(position, big))
-    first = segment(candidate.expand_as(values).contiguous(), index, count, "amin")
-    first = torch.where(first == big, torch.full_like(first, -1), first)
-    out_struct = ctx.struct(sz) if sz else None
-    return _finish(ctx, first, step.out.shape, sz, out_struct)
+    reduce = _prims.segment_max if largest else _prims.segment_min
+    extremum, rows = reduce(values, index, count)
+    # rows of a segment follow axis k in packed order; -1 (no row) picks the -1
+    # appended to the coordinates
+    coords = x.struct.coords()[k]
+    coords = torch.cat([coords, coords.new_full((1,), -1)])
+    position = coords[torch.where(rows < 0, rows + coords.shape[0], rows)]
+    return extremum, rows, position, sz, ctx.struct(sz) if sz else None
 
 
 # ----- softmax and cumsum ------------------------------------------------------------
@@ -285,17 +291,19 @@ def softmax_rule(ctx: Ctx, step: Any, x: Any, dim: int, *rest: Any, **kwargs: An
         return RaggedB(values, x.layout, x.sz, x.struct)
     values = x.values.to(step.out.dtype)
     index, count, _ = reduce_index(ctx, x, {axis.index})
-    peak = segment(values.detach(), index, count, "amax")
-    peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
-    shifted = values - peak[index]
-    exp = shifted.exp()
-    total = segment(exp, index, count, "sum")
     if kind == "log":
-        values = shifted - total.log()[index]
+        values = _prims.segment_log_softmax(values, index, count)
+    elif kind == "softmax":
+        values = _prims.segment_softmax(values, index, count)
     else:
-        values = exp / total[index]
-        if kind == "safe":
-            values = torch.where(total[index] == 0, torch.zeros_like(values), values)
+        # _safe_softmax: 0 where every element is -inf (softmax would give NaN);
+        # those rows go through the softmax as zeros, so their gradient is 0
+        with torch.no_grad():
+            peak = _prims.segment_amax(values.detach(), index, count)
+        masked = _prims.broadcast(peak == float("-inf"), index)
+        zeros = torch.zeros_like(values)
+        values = _prims.segment_softmax(torch.where(masked, zeros, values), index, count)
+        values = torch.where(masked, zeros, values)
     return RaggedB(values, x.layout, x.sz, x.struct)
 
 
@@ -308,21 +316,21 @@ def cumsum_rule(ctx: Ctx, step: Any, x: Any, dim: int, dtype: Any = None) -> Any
     values = x.values if dtype is None else x.values.to(dtype)
     if not axis.ragged:
         return RaggedB(values.cumsum(1 + axis.index).to(step.out.dtype), x.layout, x.sz, x.struct)
-    group, count, _ = reduce_index(ctx, x, {axis.index})
-    # rows of one group are in increasing order along the axis: a stable sort by
-    # group makes each group contiguous, then a global cumsum minus each group's base
-    order = torch.sort(group, stable=True).indices
-    ordered = values[order]
-    running = ordered.cumsum(0)
-    sorted_group = group[order]
-    counts = torch.zeros(count, dtype=torch.int64, device=group.device).index_add(
-        0, group, torch.ones_like(group)
-    )
-    starts = torch.cumsum(counts, 0) - counts
-    before = running - ordered
-    base = before[starts.clamp(max=max(values.shape[0] - 1, 0))] if values.shape[0] else before
-    result = running - base[sorted_group] if values.shape[0] else running
-    out = result[torch.argsort(order)]
+    k = axis.index
+    if k == num_ragged_of(x.layout) - 1:
+        # the last storage axis varies fastest: each group is a run of consecutive
+        # rows starting at the row with coordinate 0
+        rows = torch.arange(values.shape[0], device=values.device)
+        out = _prims.segment_cumsum(values, rows - x.struct.coords()[k])
+    else:
+        group, count, _ = reduce_index(ctx, x, {k})
+        # rows of one group are in increasing order along the axis: a stable sort by
+        # group makes each group a run of consecutive rows
+        order = torch.sort(group, stable=True).indices
+        counts = _prims.segment_counts(group, count)
+        starts = torch.cumsum(counts, 0) - counts
+        running = _prims.segment_cumsum(values[order], starts[group[order]])
+        out = torch.zeros_like(running).index_copy(0, order, running)
     return RaggedB(out.to(step.out.dtype), x.layout, x.sz, x.struct)
 
 
@@ -345,10 +353,15 @@ def max_dim_rule(ctx: Ctx, step: Any, x: Any, dim: int, keepdim: bool = False) -
             RaggedB(indices, layout, x.sz, x.struct),
         )
     largest = step.target.overloadpacket is aten.max
-    index, count, sz = reduce_index(ctx, x, {axis.index})
-    best = segment(x.values, index, count, "amax" if largest else "amin")
-    out_struct = ctx.struct(sz) if sz else None
-    values = _finish(ctx, best, values_spec.shape, sz, out_struct)
-    arg_step = type(step)(step.index, step.name, step.target, (), {}, index_spec, True)
-    indices = _arg_reduce(ctx, arg_step, x, dim, "argmax" if largest else "argmin")
-    return values, indices
+    values = x.values
+    with torch.no_grad():
+        best, rows, position, sz, out_struct = _extremum(ctx, x, axis.index, largest, values)
+    if values.shape[0] > 0:
+        # the value is read at the returned index, so that a tie sends the whole
+        # gradient to that element, as torch.max(x, dim) does (amax shares it)
+        picked = torch.gather(values, 0, rows.clamp(min=0))
+        best = torch.where(rows >= 0, picked, best)
+    return (
+        _finish(ctx, best, values_spec.shape, sz, out_struct),
+        _finish(ctx, position, index_spec.shape, sz, out_struct),
+    )
