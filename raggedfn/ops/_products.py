@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -50,6 +50,45 @@ def _parse(fn: str, equation: str, count: int) -> tuple[list[str], str]:
                 f"got {sub!r}",
             )
     return inputs, rhs
+
+
+class _Spec(NamedTuple):
+    """A parsed per-sample einsum that needs buckets (see :func:`einsum`)."""
+
+    inputs: list[str]
+    rhs: str
+    symbols_of: list[list[str]]  # per operand, the letter of each ragged axis (k order)
+    batched_dense: list[int]  # dense operands with a batch axis
+    out_symbols: list[str]
+    out_layout: Layout
+
+    def encode(self, layouts: list[str]) -> str:
+        """A plain string with the operands' layout codes ("" for a tensor) for the opaque
+        op: dynamo folds string ops on constants, not json; letters are single characters
+        and layout codes hold no ";" or "/"."""
+        fields = [
+            ",".join(self.inputs),
+            self.rhs,
+            "/".join(layouts),
+            ",".join("".join(symbols) for symbols in self.symbols_of),
+            ",".join(str(n) for n in self.batched_dense),
+            "".join(self.out_symbols),
+            self.out_layout.code,
+        ]
+        return ";".join(fields)
+
+    @staticmethod
+    def decode(meta: str) -> tuple[_Spec, list[str]]:
+        fields = meta.split(";")
+        spec = _Spec(
+            fields[0].split(","),
+            fields[1],
+            [list(symbols) for symbols in fields[3].split(",")],
+            [int(n) for n in fields[4].split(",") if n],
+            list(fields[5]),
+            Layout(fields[6]),
+        )
+        return spec, fields[2].split("/")
 
 
 def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
@@ -156,23 +195,17 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
         if out_symbols == symbols_of[n]:
             return _packed(equation, operands, inputs, rhs, n, out_layout)
 
+    spec = _Spec(inputs, rhs, symbols_of, batched_dense, out_symbols, out_layout)
     if torch.compiler.is_compiling():  # the bucket plan runs inside one opaque graph node
-        return _compiled(inputs, rhs, operands, symbols_of, batched_dense, out_symbols, out_layout)
-    return _bucketed(inputs, rhs, operands, symbols_of, batched_dense, out_symbols, out_layout)
+        return _compiled(spec, operands)
+    return _bucketed(spec, operands)
 
 
 @torch.compiler.disable  # reads sizes on the host; under compile einsum calls _compiled instead
-def _bucketed(
-    inputs: list[str],
-    rhs: str,
-    operands: tuple[Ragged | Tensor, ...],
-    symbols_of: list[list[str]],
-    batched_dense: list[int],
-    out_symbols: list[str],
-    out_layout: Layout,
-) -> Ragged | Tensor:
+def _bucketed(spec: _Spec, operands: tuple[Ragged | Tensor, ...]) -> Ragged | Tensor:
     """Per-sample einsum, one batched dense einsum per length bucket."""
     fn = "einsum"
+    inputs, rhs, symbols_of, batched_dense, out_symbols, out_layout = spec
     ragged_sizes: dict[str, list[int]] = {}
     batch_size = 0
     for n, op in enumerate(operands):
@@ -204,20 +237,13 @@ def _bucketed(
     return _bucket.unpad(parts, out_layout, out_symbols, buckets, ragged_sizes, batch_size)
 
 
-def _compiled(
-    inputs: list[str],
-    rhs: str,
-    operands: tuple[Ragged | Tensor, ...],
-    symbols_of: list[list[str]],
-    batched_dense: list[int],
-    out_symbols: list[str],
-    out_layout: Layout,
-) -> Ragged | Tensor:
+def _compiled(spec: _Spec, operands: tuple[Ragged | Tensor, ...]) -> Ragged | Tensor:
     """:func:`_bucketed` under ``torch.compile``: one opaque node (``_prims.host_planned``).
 
     The result's partition is built in the graph from the operands' sizes; its
     row count is data-dependent unless an operand has the result's partition.
     """
+    inputs, rhs, symbols_of, _, out_symbols, out_layout = spec
     tensors: list[Tensor] = []
     layouts: list[str] = []
     letter_size: dict[str, Any] = {}
@@ -241,19 +267,7 @@ def _compiled(
             layouts.append("")
             for letter, size in zip(sub, op.shape, strict=True):
                 letter_size.setdefault(letter, size)
-    # a plain string (dynamo folds string ops on constants, not json): letters are single
-    # characters and layout codes hold no ";" or "/"
-    meta = ";".join(
-        [
-            ",".join(inputs),
-            rhs,
-            "/".join(layouts),
-            ",".join("".join(symbols) for symbols in symbols_of),
-            ",".join(str(n) for n in batched_dense),
-            "".join(out_symbols),
-            out_layout.code,
-        ]
-    )
+    meta = spec.encode(layouts)
     if not out_symbols:
         shape = [batch_size, *(letter_size[c] for c in rhs[1:])]
         return _prims.host_planned("einsum", meta, tensors, shape)
@@ -272,11 +286,7 @@ def _compiled(
 @_prims.implement("einsum")
 def _compiled_impl(tensors: Sequence[Tensor], meta: str) -> Tensor:
     """The eager :func:`_bucketed` on the flattened operands of :func:`_compiled`."""
-    fields = meta.split(";")
-    inputs, rhs, layouts = fields[0].split(","), fields[1], fields[2].split("/")
-    symbols_of = [list(symbols) for symbols in fields[3].split(",")]
-    batched_dense = [int(n) for n in fields[4].split(",") if n]
-    out_symbols, out_code = list(fields[5]), fields[6]
+    spec, layouts = _Spec.decode(meta)
     found = iter(tensors)
     operands: list[Ragged | Tensor] = []
     for code in layouts:
@@ -284,9 +294,7 @@ def _compiled_impl(tensors: Sequence[Tensor], meta: str) -> Tensor:
             operands.append(Ragged(next(found), next(found), next(found), Layout(code)))
         else:
             operands.append(next(found))
-    out = _bucketed(
-        inputs, rhs, tuple(operands), symbols_of, batched_dense, out_symbols, Layout(out_code)
-    )
+    out = _bucketed(spec, tuple(operands))
     return out.values if isinstance(out, Ragged) else out
 
 
