@@ -37,6 +37,7 @@ from ._segment import (
     unpad,
 )
 from ._softmax import segment_log_softmax, segment_logsumexp, segment_softmax
+from ._varlen import varlen_attention
 
 __all__ = [
     "broadcast",
@@ -58,4 +59,5 @@ __all__ = [
     "segment_softmax",
     "segment_sum",
     "unpad",
+    "varlen_attention",
 ]

@@ -239,6 +239,19 @@ def _compiled(
     q = _check_tokens(fn, "q", q)
     k = _check_tokens(fn, "k", k, q.num_ragged)
     v = _check_tokens(fn, "v", v, q.num_ragged)
+    if not isinstance(causal, bool):
+        raise fail(fn, f"causal must be a bool, got {describe(causal)}")
+    standard = Layout.standard(1, 2)
+    if (
+        bias is None
+        and key_padding is None
+        and all(t.layout == standard for t in (q, k, v))
+        and q.values.shape[1:] == k.values.shape[1:] == v.values.shape[1:]
+    ):  # plain attention: the fused kernel's own backward, no recomputation
+        out = _prims.varlen_attention(
+            q.values, k.values, v.values, q.offsets, k.offsets, v.offsets, causal, scale
+        )
+        return q.with_values(out)
     tensors: list[Tensor] = []
     codes: list[str | None] = []
     for x in (q, k, v, bias, key_padding):

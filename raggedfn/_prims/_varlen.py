@@ -1,0 +1,170 @@
+"""Variable-length attention as a custom op pair, for compiled code.
+
+``raggedfn::varlen_attention`` runs torch's fused CPU/CUDA SDPA kernel once per
+sample on packed ``[T, H, D]`` queries/keys/values and returns the output and the
+per-row logsumexp; ``raggedfn::varlen_attention_backward`` hands both back to the
+kernel's own backward. Unlike :func:`host_planned` (which recomputes the
+forward in its backward), nothing is computed twice.
+
+Used by ``raggedfn.attention`` under ``torch.compile`` for plain attention (one
+ragged axis, no bias, no key padding, packed ``(B, N*, H, D)`` storage); the
+eager path keeps its autograd-composable implementation. Like every custom op,
+it is opaque to ``torch.func`` transforms and to double backward inside
+compiled code (those raise).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import fail
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _heads(t: Tensor) -> Tensor:
+    """``[N, H, D]`` rows of one sample as a contiguous ``[1, H, N, D]`` batch."""
+    return t.transpose(0, 1).unsqueeze(0).contiguous()
+
+
+def _bounds(
+    q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor, v_offsets: Tensor
+) -> list[tuple[int, int, int, int]]:
+    fn = "attention"
+    if not torch.equal(k_offsets, v_offsets):
+        raise fail(fn, "k and v must have the same partition (equal sizes per sample)")
+    if q_offsets.shape != k_offsets.shape:
+        raise fail(
+            fn,
+            f"q, k and v must have the same batch size, got {q_offsets.shape[0] - 1} and "
+            f"{k_offsets.shape[0] - 1}",
+        )
+    starts, ends = q_offsets.tolist(), k_offsets.tolist()
+    return [(starts[b], starts[b + 1], ends[b], ends[b + 1]) for b in range(len(starts) - 1)]
+
+
+@torch.library.custom_op("raggedfn::varlen_attention", mutates_args=())
+def _varlen(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    k_offsets: Tensor,
+    v_offsets: Tensor,
+    causal: bool,
+    scale: float | None,
+) -> tuple[Tensor, Tensor]:
+    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+    lse = q.new_full((q.shape[0], q.shape[1]), float("-inf"), dtype=_lse_dtype(q.dtype))
+    for q0, q1, k0, k1 in _bounds(q, k, v, q_offsets, k_offsets, v_offsets):
+        if q1 == q0 or k1 == k0:  # no rows, or no keys: zeros as torch's SDPA gives
+            continue
+        o, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            _heads(q[q0:q1]), _heads(k[k0:k1]), _heads(v[k0:k1]), 0.0, causal, scale=scale
+        )
+        out[q0:q1] = o[0].transpose(0, 1)
+        lse[q0:q1] = logsumexp[0].transpose(0, 1)
+    return out, lse
+
+
+@_varlen.register_fake
+def _varlen_fake(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    k_offsets: Tensor,
+    v_offsets: Tensor,
+    causal: bool,
+    scale: float | None,
+) -> tuple[Tensor, Tensor]:
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    return out, q.new_empty(q.shape[0], q.shape[1], dtype=_lse_dtype(q.dtype))
+
+
+@torch.library.custom_op("raggedfn::varlen_attention_backward", mutates_args=())
+def _varlen_backward(
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    q_offsets: Tensor,
+    k_offsets: Tensor,
+    causal: bool,
+    scale: float | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for q0, q1, k0, k1 in _bounds(q, k, v, q_offsets, k_offsets, k_offsets):
+        if q1 == q0 or k1 == k0:
+            continue
+        gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            _heads(grad[q0:q1]),
+            _heads(q[q0:q1]),
+            _heads(k[k0:k1]),
+            _heads(v[k0:k1]),
+            _heads(out[q0:q1]),
+            lse[q0:q1].transpose(0, 1).unsqueeze(0).contiguous(),
+            0.0,
+            causal,
+            scale=scale,
+        )
+        dq[q0:q1] = gq[0].transpose(0, 1)
+        dk[k0:k1] = gk[0].transpose(0, 1)
+        dv[k0:k1] = gv[0].transpose(0, 1)
+    return dq, dk, dv
+
+
+@_varlen_backward.register_fake
+def _varlen_backward_fake(
+    grad: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    q_offsets: Tensor,
+    k_offsets: Tensor,
+    causal: bool,
+    scale: float | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, q_offsets, k_offsets, _, causal, scale = inputs
+    ctx.causal, ctx.scale = causal, scale
+    ctx.save_for_backward(q, k, v, output[0], output[1], q_offsets, k_offsets)
+
+
+def _backward(ctx: Any, grad: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
+    q, k, v, out, lse, q_offsets, k_offsets = ctx.saved_tensors
+    dq, dk, dv = _varlen_backward(
+        grad.contiguous(), q, k, v, out, lse, q_offsets, k_offsets, ctx.causal, ctx.scale
+    )
+    return dq, dk, dv, None, None, None, None, None
+
+
+_varlen.register_autograd(_backward, setup_context=_setup_context)
+
+
+def varlen_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_offsets: Tensor,
+    k_offsets: Tensor,
+    v_offsets: Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+) -> Tensor:
+    """Per-sample SDPA on packed ``[T, H, D]`` tensors (sample ``b`` owns rows
+    ``offsets[b]:offsets[b + 1]``); the output has the rows of ``q``. A sample with
+    no keys gives zeros."""
+    return _varlen(q, k, v, q_offsets, k_offsets, v_offsets, causal, scale)[0]

@@ -1,0 +1,101 @@
+"""The variable-length attention custom op (``_prims.varlen_attention``) used under compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+import raggedfn
+from raggedfn import RaggedError, _prims
+
+Q_LENGTHS, K_LENGTHS = [3, 0, 5, 1, 2], [4, 2, 0, 1, 6]
+
+
+def packed(lengths, seed, dtype=torch.float64, heads=2, dim=3):
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(sum(lengths), heads, dim, generator=gen, dtype=dtype)
+    return raggedfn.from_lengths(values.requires_grad_(True), torch.tensor(lengths))
+
+
+def reference(q, k, v, causal):
+    """torch SDPA on each sample alone; zeros where a sample has no keys."""
+    outs = []
+    for qs, ks, vs in zip(raggedfn.unbind(q), raggedfn.unbind(k), raggedfn.unbind(v), strict=True):
+        if ks.shape[0] == 0:
+            outs.append(torch.zeros_like(qs))
+            continue
+        heads = [t.transpose(0, 1) for t in (qs, ks, vs)]
+        outs.append(F.scaled_dot_product_attention(*heads, is_causal=causal).transpose(0, 1))
+    return torch.cat(outs)
+
+
+def run(q, k, v, causal):
+    return _prims.varlen_attention(
+        q.values, k.values, v.values, q.offsets, k.offsets, v.offsets, causal
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_equals_per_sample_sdpa_in_values_and_gradients(dtype, causal):
+    q, k, v = packed(Q_LENGTHS, 0, dtype), packed(K_LENGTHS, 1, dtype), packed(K_LENGTHS, 2, dtype)
+    got = run(q, k, v, causal)
+    want = reference(q, k, v, causal)
+    torch.testing.assert_close(got, want)
+    cotangent = torch.randn_like(got)
+    leaves = [q.values, k.values, v.values]
+    for g, w in zip(
+        torch.autograd.grad(got, leaves, cotangent),
+        torch.autograd.grad(want, leaves, cotangent),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, w)
+
+
+def test_gradcheck_float64_and_double_backward_refused():
+    q, k, v = packed([3, 2], 0), packed([2, 4], 1), packed([2, 4], 2)
+    offsets = (q.offsets, k.offsets, v.offsets)
+
+    def fn(a, b, c):
+        return _prims.varlen_attention(a, b, c, *offsets, True)
+
+    assert torch.autograd.gradcheck(fn, (q.values, k.values, v.values))
+    (grad,) = torch.autograd.grad(
+        fn(q.values, k.values, v.values).sum(), q.values, create_graph=True
+    )
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        torch.autograd.grad(grad.sum(), q.values)
+
+
+def test_mismatched_key_and_value_partitions_raise():
+    q, k, v = packed([3, 2], 0), packed([2, 4], 1), packed([4, 2], 2)
+    with pytest.raises(RaggedError, match="k and v must have the same partition"):
+        run(q, k, v, False)
+
+
+def test_compiled_plain_attention_uses_the_varlen_op_and_other_cases_the_planned_op():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    def plain(q, k, v):
+        return raggedfn.attention(q, k, v, causal=True).values
+
+    def masked(q, k, v, kp):
+        return raggedfn.attention(q, k, v, key_padding=kp).values
+
+    q, k, v = packed(Q_LENGTHS, 0), packed(K_LENGTHS, 1), packed(K_LENGTHS, 2)
+    kp = raggedfn.from_lengths(torch.arange(sum(K_LENGTHS)) % 2 == 0, torch.tensor(K_LENGTHS))
+    torch._dynamo.reset()
+    torch.testing.assert_close(
+        torch.compile(plain, backend=backend, fullgraph=True)(q, k, v), plain(q, k, v)
+    )
+    assert "varlen_attention" in graphs[-1] and "host_planned" not in graphs[-1]
+    torch.testing.assert_close(
+        torch.compile(masked, backend=backend, fullgraph=True)(q, k, v, kp), masked(q, k, v, kp)
+    )
+    assert "host_planned" in graphs[-1] and "varlen_attention" not in graphs[-1]
