@@ -1,13 +1,13 @@
 """Variable-length attention as a custom op pair, for compiled code.
 
-``raggedfn::varlen_attention`` runs torch's fused CPU/CUDA SDPA kernel once per
+``raggedfn::varlen_attention`` runs torch's fused CPU SDPA kernel once per
 sample on packed ``[T, H, D]`` queries/keys/values and returns the output and the
 per-row logsumexp; ``raggedfn::varlen_attention_backward`` hands both back to the
 kernel's own backward. Unlike :func:`host_planned` (which recomputes the
 forward in its backward), nothing is computed twice.
 
 Used by ``raggedfn.attention`` under ``torch.compile`` for plain attention (one
-ragged axis, no bias, no key padding, packed ``(B, N*, H, D)`` storage); the
+ragged axis, no bias, no key padding, packed ``(B, N*, H, D)`` storage, CPU); the
 eager path keeps its autograd-composable implementation. Like every custom op,
 it is opaque to ``torch.func`` transforms and to double backward inside
 compiled code (those raise).
