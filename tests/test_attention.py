@@ -219,6 +219,95 @@ def test_equal_lengths_take_one_dense_call_and_match_per_sample_sdpa(causal, n, 
     assert torch.autograd.gradcheck(ragged, (qv, kv, vv))
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("stored", ["standard", "dh_before_h"])
+def test_small_batch_tokens_take_views_and_equal_per_sample_sdpa(causal, stored, monkeypatch):
+    """B <= LOOP_MAX_BATCH, distinct lengths, no bias/padding: SDPA per sample on strided
+    views of the packed values (q, k, v slices of one fused tensor, any dense storage order),
+    equal to the copying per-sample path exactly and to SDPA per sample in gradients."""
+    n_lengths, m_lengths = [3, 0, 5, 2, 1], [4, 2, 5, 0, 1]
+    heads, dim = 2, 3
+    gen = torch.Generator().manual_seed(5)
+    qv = torch.randn(sum(n_lengths), 2, heads, dim, generator=gen, dtype=torch.float64)
+    kv = torch.randn(sum(m_lengths), 2, heads, dim, generator=gen, dtype=torch.float64)
+    qv.requires_grad_(True)
+    kv.requires_grad_(True)
+
+    def ragged(values, lengths, j):
+        x = values[:, j]  # strided: a slice of the fused tensor
+        if stored == "dh_before_h":  # stored (Dh, H), logical (H, Dh): a non-standard layout
+            x = x.transpose(1, 2).contiguous()
+            return raggedfn.transpose(raggedfn.from_lengths(x, n_lengths_of(lengths)), -1, -2)
+        return raggedfn.from_lengths(x, n_lengths_of(lengths))
+
+    def n_lengths_of(lengths):
+        return torch.tensor(lengths, dtype=torch.int64)
+
+    q, k, v = ragged(qv, n_lengths, 0), ragged(kv, m_lengths, 0), ragged(kv, m_lengths, 1)
+    assert (stored == "standard") == (q.layout == raggedfn.Layout.standard(1, 2))
+    copying = _attention._per_sample(q, k, v, None, None, causal, None)
+
+    def no_copies(*args, **kwargs):
+        raise AssertionError("took the copying per-sample path")
+
+    monkeypatch.setattr(_attention, "_per_sample", no_copies)
+    out = raggedfn.attention(q, k, v, causal=causal)
+    assert out.shape == q.shape and out.layout == q.layout
+    assert torch.equal(out.values, copying.values)
+    expected = [
+        sdpa_sample(a, b, c, causal=causal)
+        for a, b, c in zip(samples(q), samples(k), samples(v), strict=True)
+    ]
+    assert_same(out, expected)
+    weights = torch.randn(out.values.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad((out.values * weights).sum(), (qv, kv))
+    want = torch.autograd.grad((copying.values * weights).sum(), (qv, kv))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+    def f(qv, kv):
+        a, b, c = ragged(qv, n_lengths, 0), ragged(kv, m_lengths, 0), ragged(kv, m_lengths, 1)
+        return raggedfn.attention(a, b, c, causal=causal).values
+
+    # (no gradgradcheck: torch's fused CPU SDPA, on either path, has no double backward)
+    assert torch.autograd.gradcheck(f, (qv, kv))
+
+
+@pytest.mark.parametrize("heavy", [False, True])
+def test_large_batch_chooses_views_or_buckets_by_work_per_sample(heavy, monkeypatch):
+    """B > LOOP_MAX_BATCH: per-sample views where a sample's mean work reaches
+    VIEWS_MIN_WORK, buckets below it; both equal SDPA run on each sample alone."""
+    lengths = [1 + (7 * b) % 9 for b in range(_attention.LOOP_MAX_BATCH + 6)]
+    q = tokens(lengths, dtype=torch.float32)
+    k = tokens(lengths, dtype=torch.float32, seed=1)
+    work = 2 * (3 + 3) * sum(n * n for n in lengths) // len(lengths)  # H (Dh + Dv) N M
+    monkeypatch.setattr(_attention, "VIEWS_MIN_WORK", work if heavy else work + 1)
+    taken = []
+    views = _attention._per_sample_views
+    monkeypatch.setattr(
+        _attention, "_per_sample_views", lambda *args: taken.append(1) or views(*args)
+    )
+    out = raggedfn.attention(q, k, k, causal=True)
+    assert taken == ([1] if heavy else [])
+    expected = [
+        sdpa_sample(a, b, b, causal=True) for a, b in zip(samples(q), samples(k), strict=True)
+    ]
+    assert_same(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_equal_lengths_with_strided_head_dim_equal_contiguous_input():
+    """The one-call path keeps views of unit-stride Dh and copies only other strides."""
+    gen = torch.Generator().manual_seed(3)
+    stored = torch.randn(12, 3, 2, generator=gen, dtype=torch.float64)  # [T, Dh, H]
+    strided = stored.transpose(1, 2)  # [T, H, Dh], Dh stride 2: a standard layout all the same
+    q = raggedfn.from_lengths(strided, [4, 4, 4])
+    assert q.layout == raggedfn.Layout.standard(1, 2) and q.values.stride(-1) != 1
+    dense = raggedfn.from_lengths(strided.contiguous(), [4, 4, 4])
+    out = raggedfn.attention(q, q, q)
+    assert torch.equal(out.values, raggedfn.attention(dense, dense, dense).values)
+    assert_same(out, [sdpa_sample(a, a, a) for a in samples(q)])
+
+
 # ----- a bias that needs a gradient: the lean primitive instead of torch's math path --------
 
 
