@@ -21,6 +21,14 @@ probabilities, so a bias gradient does not keep the softmax alive). Everything e
 differentiable torch ops, which is as fast and also supports forward-mode AD
 (``jacfwd``/``jvp``); the custom rules have no ``jvp`` (adding one breaks
 ``torch.compile`` in torch 2.13), so forward-mode AD through them raises.
+
+Two ``torch.library`` custom-op pairs serve compiled code only (ops call them
+while ``torch.compiler.is_compiling()``): ``host_planned`` runs an op that plans
+on the host (bucketed products, attention) as one opaque node, backward by
+recomputation (``_opaque.py``); ``varlen_attention`` runs plain attention with
+the fused SDPA kernel per sample and its own backward (``_varlen.py``). Both
+are opaque to ``torch.func`` and to double backward inside compiled code (those
+raise).
 """
 
 from ._extrema import identity, segment_amax, segment_amin, segment_max, segment_min
