@@ -24,7 +24,7 @@ def reference(q, k, v, causal):
     outs = []
     for qs, ks, vs in zip(raggedfn.unbind(q), raggedfn.unbind(k), raggedfn.unbind(v), strict=True):
         if ks.shape[0] == 0:
-            outs.append(torch.zeros_like(qs))
+            outs.append(qs * 0)  # zeros, still connected to q
             continue
         heads = [t.transpose(0, 1) for t in (qs, ks, vs)]
         outs.append(F.scaled_dot_product_attention(*heads, is_causal=causal).transpose(0, 1))
@@ -39,16 +39,24 @@ def run(q, k, v, causal):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("causal", [False, True])
-def test_equals_per_sample_sdpa_in_values_and_gradients(dtype, causal):
-    q, k, v = packed(Q_LENGTHS, 0, dtype), packed(K_LENGTHS, 1, dtype), packed(K_LENGTHS, 2, dtype)
+@pytest.mark.parametrize(
+    ("q_lengths", "k_lengths"),
+    [(Q_LENGTHS, K_LENGTHS), ([4, 4, 4], [4, 4, 4]), ([2, 2], [5, 5]), ([3, 3], [0, 0])],
+    ids=["distinct", "equal", "equal-n-m", "no-keys"],
+)
+def test_equals_per_sample_sdpa_in_values_and_gradients(dtype, causal, q_lengths, k_lengths):
+    """Distinct lengths loop over samples; equal lengths take one batched kernel call."""
+    q, k = packed(q_lengths, 0, dtype), packed(k_lengths, 1, dtype)
+    v = packed(k_lengths, 2, dtype)
     got = run(q, k, v, causal)
     want = reference(q, k, v, causal)
     torch.testing.assert_close(got, want)
     cotangent = torch.randn_like(got)
     leaves = [q.values, k.values, v.values]
+    options = {"allow_unused": True, "materialize_grads": True}
     for g, w in zip(
-        torch.autograd.grad(got, leaves, cotangent),
-        torch.autograd.grad(want, leaves, cotangent),
+        torch.autograd.grad(got, leaves, cotangent, **options),
+        torch.autograd.grad(want, leaves, cotangent, **options),
         strict=True,
     ):
         torch.testing.assert_close(g, w)
@@ -62,6 +70,10 @@ def test_gradcheck_float64_and_double_backward_refused():
         return _prims.varlen_attention(a, b, c, *offsets, True)
 
     assert torch.autograd.gradcheck(fn, (q.values, k.values, v.values))
+    equal = packed([3, 3], 3)
+    assert torch.autograd.gradcheck(
+        lambda t: _prims.varlen_attention(t, t, t, *(equal.offsets,) * 3, True), (equal.values,)
+    )
     (grad,) = torch.autograd.grad(
         fn(q.values, k.values, v.values).sum(), q.values, create_graph=True
     )

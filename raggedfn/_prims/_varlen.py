@@ -48,6 +48,25 @@ def _bounds(
     return [(starts[b], starts[b + 1], ends[b], ends[b + 1]) for b in range(len(starts) - 1)]
 
 
+def _uniform(bounds: list[tuple[int, int, int, int]]) -> int:
+    """``B`` when every sample has the same non-zero query and key lengths, else 0."""
+    lengths = {(q1 - q0, k1 - k0) for q0, q1, k0, k1 in bounds}
+    if len(lengths) != 1:
+        return 0
+    ((n, m),) = lengths
+    return len(bounds) if n and m else 0
+
+
+def _batched(t: Tensor, batch: int) -> Tensor:
+    """Packed ``[B * N, H, D]`` rows of equal-length samples as contiguous ``[B, H, N, D]``."""
+    return t.view(batch, -1, *t.shape[1:]).transpose(1, 2).contiguous()
+
+
+def _unbatched(t: Tensor) -> Tensor:
+    """``[B, H, N, D]`` back to packed ``[B * N, H, D]``."""
+    return t.transpose(1, 2).reshape(-1, *t.shape[1:2], t.shape[-1])
+
+
 @torch.library.custom_op("raggedfn::varlen_attention", mutates_args=())
 def _varlen(
     q: Tensor,
@@ -59,9 +78,16 @@ def _varlen(
     causal: bool,
     scale: float | None,
 ) -> tuple[Tensor, Tensor]:
+    bounds = _bounds(q, k, v, q_offsets, k_offsets, v_offsets)
+    batch = _uniform(bounds)
+    if batch:  # every sample has the same lengths: one batched kernel call on views
+        o, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *(_batched(t, batch) for t in (q, k, v)), 0.0, causal, scale=scale
+        )
+        return _unbatched(o), _unbatched(logsumexp.unsqueeze(-1)).squeeze(-1)
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     lse = q.new_full((q.shape[0], q.shape[1]), float("-inf"), dtype=_lse_dtype(q.dtype))
-    for q0, q1, k0, k1 in _bounds(q, k, v, q_offsets, k_offsets, v_offsets):
+    for q0, q1, k0, k1 in bounds:
         if q1 == q0 or k1 == k0:  # no rows, or no keys: zeros as torch's SDPA gives
             continue
         o, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -100,8 +126,20 @@ def _varlen_backward(
     causal: bool,
     scale: float | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    bounds = _bounds(q, k, v, q_offsets, k_offsets, k_offsets)
+    batch = _uniform(bounds)
+    if batch:
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            *(_batched(t, batch) for t in (grad, q, k, v, out)),
+            _batched(lse.unsqueeze(-1), batch).squeeze(-1),
+            0.0,
+            causal,
+            scale=scale,
+        )
+        dq, dk, dv = (_unbatched(g) for g in grads)
+        return dq, dk, dv
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for q0, q1, k0, k1 in _bounds(q, k, v, q_offsets, k_offsets, k_offsets):
+    for q0, q1, k0, k1 in bounds:
         if q1 == q0 or k1 == k0:
             continue
         gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
