@@ -12,7 +12,7 @@ from torch import Tensor
 
 from property_tests.reference import assert_same, pack_like, samples
 from raggedfn import Ragged, from_lengths
-from raggedfn.ops import _attention, _bucket
+from raggedfn.ops import _attention, _bucket, _products
 
 
 def _floating(x: Any) -> bool:
@@ -25,13 +25,28 @@ def _as_tuple(x: Any) -> tuple[Any, ...]:
 
 @contextmanager
 def tight_buckets() -> Iterator[None]:
-    """One bucket per distinct size (no slack, no minimum work), attention bucketed too."""
-    saved = _bucket.SLACK, _bucket.MIN_WORK, _attention.LOOP_MAX_BATCH
-    _bucket.SLACK, _bucket.MIN_WORK, _attention.LOOP_MAX_BATCH = 1.0, 0, -1
+    """One bucket per distinct size (no slack, no minimum work); attention and products
+    bucketed too (not their per-sample paths)."""
+    saved = (
+        _bucket.SLACK,
+        _bucket.MIN_WORK,
+        _attention.LOOP_MAX_BATCH,
+        _products.PER_SAMPLE_MAX_BATCH,
+        _products.PER_SAMPLE_MIN_WORK,
+    )
+    _bucket.SLACK, _bucket.MIN_WORK = 1.0, 0
+    _attention.LOOP_MAX_BATCH = _products.PER_SAMPLE_MAX_BATCH = -1
+    _products.PER_SAMPLE_MIN_WORK = float("inf")
     try:
         yield
     finally:
-        _bucket.SLACK, _bucket.MIN_WORK, _attention.LOOP_MAX_BATCH = saved
+        (
+            _bucket.SLACK,
+            _bucket.MIN_WORK,
+            _attention.LOOP_MAX_BATCH,
+            _products.PER_SAMPLE_MAX_BATCH,
+            _products.PER_SAMPLE_MIN_WORK,
+        ) = saved
 
 
 def check_against_loop(

@@ -147,3 +147,33 @@ def test_errors_name_function_argument_and_got(call, message):
 def test_einsum_of_dense_tensors_is_torch_einsum():
     a, b = torch.randn(2, 3), torch.randn(3, 4)
     torch.testing.assert_close(raggedfn.einsum("ij,jk->ik", a, b), a @ b)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "min_work", "per_sample"),
+    [
+        ([3, 0, 5], 600_000, True),
+        ([2, 3, 4, 1, 5, 2, 3], 600_000, False),
+        ([2, 3, 4, 1, 5, 2], 1, True),
+    ],
+    ids=["few-samples", "many-light-samples", "heavy-samples"],
+)
+def test_per_sample_views_or_buckets_by_batch_and_work(monkeypatch, lengths, min_work, per_sample):
+    """Few samples or heavy ones: one einsum per sample on views (no bucket plan); otherwise
+    buckets. Both equal the per-sample loop in values and gradients."""
+    from raggedfn.ops import _bucket, _products
+
+    planned = []
+    real_plan = _bucket.plan
+    monkeypatch.setattr(_bucket, "plan", lambda *a: planned.append(1) or real_plan(*a))
+    monkeypatch.setattr(_products, "PER_SAMPLE_MIN_WORK", min_work)
+    z = pair_state(lengths)
+    leaf = z.values.clone().requires_grad_(True)
+    out = raggedfn.einsum("bikc,bjkc->bijc", z.with_values(leaf), z.with_values(leaf))
+    assert bool(planned) is not per_sample
+    want = [torch.einsum("ikc,jkc->ijc", s, s) for s in samples(z)]
+    assert_same(out, want)
+    (got_grad,) = torch.autograd.grad(out.values.sum(), leaf)
+    per = [s.clone().requires_grad_(True) for s in samples(z)]
+    grads = torch.autograd.grad(sum(torch.einsum("ikc,jkc->ijc", s, s).sum() for s in per), per)
+    torch.testing.assert_close(got_grad, torch.cat([g.reshape(-1, 2) for g in grads]))
