@@ -33,7 +33,7 @@ def _heads(t: Tensor) -> Tensor:
 
 
 def _bounds(
-    q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor, v_offsets: Tensor
+    q_offsets: Tensor, k_offsets: Tensor, v_offsets: Tensor
 ) -> list[tuple[int, int, int, int]]:
     fn = "attention"
     if not torch.equal(k_offsets, v_offsets):
@@ -78,7 +78,7 @@ def _varlen(
     causal: bool,
     scale: float | None,
 ) -> tuple[Tensor, Tensor]:
-    bounds = _bounds(q, k, v, q_offsets, k_offsets, v_offsets)
+    bounds = _bounds(q_offsets, k_offsets, v_offsets)
     batch = _uniform(bounds)
     if batch:  # every sample has the same lengths: one batched kernel call on views
         o, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -99,16 +99,7 @@ def _varlen(
 
 
 @_varlen.register_fake
-def _varlen_fake(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    q_offsets: Tensor,
-    k_offsets: Tensor,
-    v_offsets: Tensor,
-    causal: bool,
-    scale: float | None,
-) -> tuple[Tensor, Tensor]:
+def _varlen_fake(q: Tensor, k: Tensor, v: Tensor, *static: Any) -> tuple[Tensor, Tensor]:
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[2])
     return out, q.new_empty(q.shape[0], q.shape[1], dtype=_lse_dtype(q.dtype))
 
@@ -126,7 +117,7 @@ def _varlen_backward(
     causal: bool,
     scale: float | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    bounds = _bounds(q, k, v, q_offsets, k_offsets, k_offsets)
+    bounds = _bounds(q_offsets, k_offsets, k_offsets)
     batch = _uniform(bounds)
     if batch:
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
@@ -161,16 +152,7 @@ def _varlen_backward(
 
 @_varlen_backward.register_fake
 def _varlen_backward_fake(
-    grad: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    q_offsets: Tensor,
-    k_offsets: Tensor,
-    causal: bool,
-    scale: float | None,
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, *saved: Any
 ) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 

@@ -79,15 +79,6 @@ def _row_block(t: Tensor | None, lo: int, hi: int) -> Tensor | None:
     return t[lo:hi] if t is not None and t.ndim == 4 and t.shape[0] > 1 else t
 
 
-def _samples(x: Ragged, sizes: list[list[int]]) -> list[Tensor]:
-    """Each sample in logical order; ``split`` so the backward is one ``cat``, not B scatters."""
-    counts = (x.offsets[1:] - x.offsets[:-1]).tolist()
-    dense = x.values.shape[1:]
-    perm = x.layout.physical_to_logical()
-    parts = x.values.split(counts)
-    return [p.reshape(*s, *dense).permute(perm) for p, s in zip(parts, sizes, strict=True)]
-
-
 def _per_sample(
     q: Ragged,
     k: Ragged,
@@ -100,10 +91,14 @@ def _per_sample(
     """One dense SDPA call per sample on contiguous ``[rows, H, N, Dh]`` copies."""
     q_sizes, k_sizes = q.sizes.tolist(), k.sizes.tolist()
     r = q.num_ragged
-    qs, ks, vs = _samples(q, q_sizes), _samples(k, k_sizes), _samples(v, k_sizes)
+    qs, ks, vs = (
+        _bucket.sample_views(q, q_sizes),
+        _bucket.sample_views(k, k_sizes),
+        _bucket.sample_views(v, k_sizes),
+    )
     pairs = [[s[-1], t[-1]] for s, t in zip(q_sizes, k_sizes, strict=True)]
-    biases = _samples(bias, pairs) if isinstance(bias, Ragged) else None
-    paddings = _samples(key_padding, k_sizes) if key_padding is not None else None
+    biases = _bucket.sample_views(bias, pairs) if isinstance(bias, Ragged) else None
+    paddings = _bucket.sample_views(key_padding, k_sizes) if key_padding is not None else None
     outs = []
     for b in range(q.batch_size):
         heads = [t[b].movedim(-2, -3).contiguous() for t in (qs, ks, vs)]

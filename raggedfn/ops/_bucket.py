@@ -208,3 +208,17 @@ def ragged_sizes(x: Ragged) -> list[list[int]]:
     """``x.sizes`` on the host, one list per ragged axis (the planning sync)."""
     columns = x.sizes.t().tolist()
     return columns if columns else [[] for _ in range(x.num_ragged)]
+
+
+def sample_views(x: Ragged, sizes: Sequence[Sequence[int]]) -> list[Tensor]:
+    """Each sample of ``x`` as a view in logical axis order (a sample's rows are contiguous).
+
+    ``sizes[b]`` is sample ``b``'s size along each ragged axis (``k`` order). Cut with
+    ``split``, so the backward of anything built from these views is one ``cat``, not
+    ``B`` scatters. Reads the row counts on the host (the per-sample paths' one sync).
+    """
+    counts = (x.offsets[1:] - x.offsets[:-1]).tolist()
+    dense = x.values.shape[1:]
+    order = x.layout.physical_to_logical()
+    parts = x.values.split(counts)
+    return [p.reshape(*s, *dense).permute(order) for p, s in zip(parts, sizes, strict=True)]

@@ -285,15 +285,8 @@ def _per_sample(
     subs = []
     for n, (op, sub) in enumerate(zip(operands, inputs, strict=True)):
         if isinstance(op, Ragged):
-            counts = (op.offsets[1:] - op.offsets[:-1]).tolist()
-            dense = tuple(op.values.shape[1:])
-            order = op.layout.physical_to_logical()
-            per_operand.append(
-                [
-                    part.view(*(sizes[s][b] for s in symbols_of[n]), *dense).permute(order)
-                    for b, part in enumerate(op.values.split(counts))
-                ]
-            )
+            own = [[sizes[s][b] for s in symbols_of[n]] for b in range(batch_size)]
+            per_operand.append(_bucket.sample_views(op, own))
             subs.append(sub[1:])
         elif n in batched_dense:
             per_operand.append(op.unbind(0))
