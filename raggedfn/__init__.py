@@ -15,6 +15,7 @@ from ._construct import (
     unbind,
 )
 from ._errors import RaggedError
+from ._interop import positions, segment_ids
 from ._layout import Axis, Layout
 from ._map import MapReport, map, map_report
 from ._ragged import Ragged
@@ -40,6 +41,8 @@ __all__ = [
     "map",
     "map_report",
     "mask",
+    "positions",
+    "segment_ids",
     "to_nested",
     "to_padded",
     "unbind",

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ._errors import describe, fail
 from ._index import coordinates, lengths_of, offsets_of
+from ._interop import padded_rows_where
 from ._layout import Layout
 from ._ragged import Ragged
 
@@ -294,21 +295,47 @@ def from_sizes(
 
 
 def from_padded(
-    padded: Tensor, lengths_or_sizes: Any, ragged_dims: int | Sequence[int] = (1,)
+    padded: Tensor,
+    lengths_or_sizes: Any = None,
+    ragged_dims: int | Sequence[int] = (1,),
+    *,
+    mask: Tensor | None = None,
 ) -> Ragged:
     """Take the real elements out of a padded ``[B, *max logical shape]`` tensor.
+
+    Give either the sizes (each sample's elements sit at the start of every
+    ragged axis) or a ``mask`` over one ragged axis, such as a Hugging Face
+    ``attention_mask``: then the rows where the mask is set are kept, in order,
+    whichever side the padding is on.
 
     Args:
         padded: ``[B, ...]`` padded batch.
         lengths_or_sizes: ``[B]`` lengths (one ragged axis) or ``[B, R]`` sizes,
             columns in the order of ``ragged_dims``.
         ragged_dims: the logical axes of ``padded`` that are ragged.
+        mask: bool or 0/1 integer ``[B, L]``, ``L`` the size of ``padded`` along
+            the one ragged axis; instead of ``lengths_or_sizes``.
+
+    Returns:
+        ``Ragged`` of logical shape ``(B, *sample shape)`` with the ragged axes
+        marked ``None``; its values are a copy.
+
+    Raises:
+        RaggedError: neither or both of ``lengths_or_sizes`` and ``mask``; sizes
+            negative or beyond ``padded``; a mask of another shape or device, a
+            float mask, an integer mask with values other than 0 and 1, or a mask
+            with several ragged axes.
 
     Example:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_padded(torch.arange(6.0).reshape(2, 3), torch.tensor([1, 3]))
         >>> x.values.tolist()
         [0.0, 3.0, 4.0, 5.0]
+        >>> left = torch.tensor([[0, 0, 7], [4, 5, 6]])  # left-padded token ids
+        >>> attention_mask = torch.tensor([[0, 0, 1], [1, 1, 1]])
+        >>> y = raggedfn.from_padded(left, mask=attention_mask)
+        >>> y.values.tolist(), y.lengths.tolist()
+        ([7, 4, 5, 6], [1, 3])
     """
     fn = "from_padded"
     if not isinstance(padded, Tensor) or padded.ndim < 2:
@@ -316,6 +343,21 @@ def from_padded(
             fn,
             f"padded must be a [B, ...] tensor with at least one sample axis, got {describe(padded)}",
         )
+    if (lengths_or_sizes is None) == (mask is None):
+        raise fail(
+            fn,
+            "give exactly one of lengths_or_sizes and mask, got "
+            + ("both" if mask is not None else "neither"),
+        )
+    if mask is not None:
+        positions = _ragged_positions(fn, ragged_dims, padded.ndim - 1)
+        if len(positions) != 1:
+            raise fail(
+                fn,
+                f"a mask selects along one ragged axis, got ragged_dims {ragged_dims}; "
+                "give sizes for several ragged axes",
+            )
+        return padded_rows_where(padded, mask, positions[0])
     sizes = _as_index(fn, "lengths_or_sizes", lengths_or_sizes, padded.device)
     if sizes.ndim == 1:
         sizes = sizes.unsqueeze(1)
