@@ -13,6 +13,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e .
 	touch $@
 
+$(VENV)/.installed-examples: pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[examples]'
+	touch $@
+
 $(VENV)/.installed-test: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[test]'
 	touch $@
@@ -21,16 +25,16 @@ $(VENV)/.installed-bench: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[test,bench]'
 	touch $@
 
-demo: $(VENV)/.installed
-	$(PY) -m raggedfn.demo
+demo: $(VENV)/.installed-examples
+	$(PY) examples/demo.py
 
 test: $(VENV)/.installed-test
-	$(PY) -m ruff check raggedfn tests property_tests benchmarks
+	$(PY) -m ruff check raggedfn tests property_tests benchmarks examples
 	$(PY) -m pytest -q
 
 lint: $(VENV)/.installed-test
-	$(PY) -m ruff check raggedfn tests property_tests benchmarks
-	$(PY) -m ruff format --check raggedfn tests property_tests benchmarks
+	$(PY) -m ruff check raggedfn tests property_tests benchmarks examples
+	$(PY) -m ruff format --check raggedfn tests property_tests benchmarks examples
 	$(PY) -m mypy raggedfn
 
 # one thread by default: two threads on the shared 2-core machine are noisy

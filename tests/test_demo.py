@@ -3,7 +3,7 @@
 import torch
 
 import raggedfn
-from raggedfn import demo
+from examples import demo
 
 
 def test_demo_runs_small(capsys):

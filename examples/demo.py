@@ -8,7 +8,7 @@ differentiated with ``torch.func.grad_and_value`` and compiled with
 ``torch.compile``. Afterwards the same training step runs on padded tensors
 with a key mask, side by side, to show what padding costs.
 
-Run ``python -m raggedfn.demo --help`` for the knobs; ``--steps 20 --no-compile``
+Run ``python examples/demo.py --help`` for the knobs; ``--steps 20 --no-compile``
 is the quick smoke run the tests use.
 """
 
@@ -23,11 +23,13 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm import tqdm
 
 import raggedfn
 
@@ -113,17 +115,6 @@ def make_batch(gen: torch.Generator, batch: int, max_len: int) -> tuple[raggedfn
     return tokens, labels
 
 
-def _progress(step: int, total: int, loss: float, acc: float, start: float) -> None:
-    width = 30
-    done = int(width * step / total)
-    bar = "#" * done + "-" * (width - done)
-    rate = step / max(time.perf_counter() - start, 1e-9)
-    sys.stdout.write(
-        f"\r  [{bar}] {step:4d}/{total}  loss {loss:.3f}  acc {acc:.2f}  {rate:5.1f} step/s"
-    )
-    sys.stdout.flush()
-
-
 def train(args: argparse.Namespace) -> float:
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
@@ -139,9 +130,9 @@ def train(args: argparse.Namespace) -> float:
         f"training: {args.steps} steps, batch {args.batch}, odd lengths 5..{args.max_len + 1}, "
         f"{'compiled' if args.compile else 'eager'} raggedfn.map + torch.func.grad_and_value"
     )
-    start = time.perf_counter()
     losses: list[float] = []
-    for i in range(1, args.steps + 1):
+    bar = tqdm(range(1, args.steps + 1), desc="  training", unit="step", dynamic_ncols=True)
+    for i in bar:
         tokens, labels = make_batch(gen, args.batch, args.max_len)
         detached = {k: v.detach() for k, v in params.items()}
         if args.compile and i == 1:
@@ -153,14 +144,9 @@ def train(args: argparse.Namespace) -> float:
         optimizer.step()
         losses.append(float(loss))
         if i % 10 == 0 or i == args.steps:
-            _progress(
-                i,
-                args.steps,
-                statistics.fmean(losses[-10:]),
-                evaluate(params, gen, args, 64),
-                start,
-            )
-    print()
+            accuracy = evaluate(params, gen, args, 64)
+            bar.set_postfix(loss=f"{statistics.fmean(losses[-10:]):.3f}", acc=f"{accuracy:.2f}")
+    bar.close()
     if args.compile:
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         print(f"compiled graphs over {args.steps} batches of new lengths: {graphs}")
@@ -209,7 +195,8 @@ def _steps(system: str, batch: int, max_len: int, dim: int) -> Any:
 def _peak_rss_mib(system: str, batch: int, max_len: int, dim: int) -> float | None:
     """Growth of the peak RSS over the resident set while running a step, in a fresh process."""
     code = (
-        "import json, resource, raggedfn.demo as d\n"
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "import json, demo as d\n"
         f"run, _ = d._steps({system!r}, {batch}, {max_len}, {dim}); run()\n"
         "import gc; gc.collect()\n"
         "before = d._status_kib('VmRSS:')\n"
