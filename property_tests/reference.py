@@ -70,3 +70,17 @@ def pack_like(tensors: Sequence[Tensor], x: Ragged) -> Tensor:
     if not parts:
         return x.values.new_zeros(x.values.shape)
     return torch.cat(parts)
+
+
+def pad_by_hand(
+    tokens: Sequence[Tensor], side: str, length: int, fill: float = 0
+) -> tuple[Tensor, Tensor]:
+    """``(padded [B, length, ...], int64 0/1 mask [B, length])`` padded on ``side``, by hand."""
+    rows, masks = [], []
+    for t in tokens:
+        pad = length - t.shape[0]
+        filler = torch.full((pad, *t.shape[1:]), fill, dtype=t.dtype)
+        rows.append(torch.cat([filler, t] if side == "left" else [t, filler]))
+        ones, zeros = torch.ones(t.shape[0], dtype=torch.int64), torch.zeros(pad, dtype=torch.int64)
+        masks.append(torch.cat([zeros, ones] if side == "left" else [ones, zeros]))
+    return torch.stack(rows), torch.stack(masks)

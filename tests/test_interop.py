@@ -4,22 +4,10 @@ import pytest
 import torch
 
 import raggedfn
-from property_tests.reference import samples
+from property_tests.reference import pad_by_hand, samples
 from raggedfn import RaggedError
 
 I64 = torch.int64
-
-
-def padded_by_hand(tokens, side, length, fill=0):
-    """A padded batch and its 0/1 attention mask, built sample by sample."""
-    rows, masks = [], []
-    for t in tokens:
-        pad = length - t.shape[0]
-        filler = torch.full((pad, *t.shape[1:]), fill, dtype=t.dtype)
-        rows.append(torch.cat([filler, t] if side == "left" else [t, filler]))
-        ones, zeros = torch.ones(t.shape[0], dtype=I64), torch.zeros(pad, dtype=I64)
-        masks.append(torch.cat([zeros, ones] if side == "left" else [ones, zeros]))
-    return torch.stack(rows), torch.stack(masks)
 
 
 # ----- from_padded(mask=) -----------------------------------------------------------------
@@ -29,7 +17,7 @@ def padded_by_hand(tokens, side, length, fill=0):
 @pytest.mark.parametrize("mask_dtype", [I64, torch.bool, torch.int32])
 def test_attention_mask_round_trip(side, mask_dtype):
     tokens = [torch.randint(1, 100, (n,)) for n in (3, 7, 1, 0, 5)]
-    padded, attention_mask = padded_by_hand(tokens, side, 8, fill=-1)
+    padded, attention_mask = pad_by_hand(tokens, side, 8, fill=-1)
     x = raggedfn.from_padded(padded, mask=attention_mask.to(mask_dtype))
     assert x.shape == (5, None) and x.lengths.tolist() == [3, 7, 1, 0, 5]
     for got, want in zip(samples(x), tokens, strict=True):
@@ -42,7 +30,7 @@ def test_attention_mask_round_trip(side, mask_dtype):
 
 def test_lengths_of_a_left_padded_batch_are_not_the_tokens():
     """Why the mask form exists: lengths keep the first rows, the mask the marked ones."""
-    padded, attention_mask = padded_by_hand([torch.tensor([5, 6]), torch.tensor([7])], "left", 3)
+    padded, attention_mask = pad_by_hand([torch.tensor([5, 6]), torch.tensor([7])], "left", 3)
     by_lengths = raggedfn.from_padded(padded, attention_mask.sum(1))
     by_mask = raggedfn.from_padded(padded, mask=attention_mask)
     assert by_mask.values.tolist() == [5, 6, 7]
