@@ -8,8 +8,11 @@ of ``values``).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+import torch
 
 from ._errors import fail
 from ._layout import Axis
@@ -25,8 +28,11 @@ def logical_shape_text(x: Ragged) -> str:
 def normalize_axis(x: Ragged, axis: int, fn: str, *, allow_batch: bool = True) -> int:
     """A logical axis (negative allowed) as an index in ``[0, ndim)``."""
     ndim = 1 + x.layout.rank
-    if not isinstance(axis, int) or isinstance(axis, bool):
+    if not isinstance(axis, (int, torch.SymInt)) or isinstance(axis, bool):
         raise fail(fn, f"axis must be an int, got {type(axis).__name__} {axis!r}")
+    # Axes are static: an axis that arrives symbolic (an int argument under
+    # torch.compile(dynamic=True), or make_fx tracing) is specialized to its value.
+    axis = operator.index(axis)
     if not -ndim <= axis < ndim:
         raise fail(
             fn,

@@ -8,17 +8,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._errors import describe, fail
+from ._errors import describe, fail, shape_text
 from ._index import coordinates, lengths_of, offsets_of
 from ._interop import padded_rows_where
 from ._layout import Layout
 from ._ragged import Ragged
+from ._validate import check_partition, check_structure, is_tracing
 
 # ----- validation ---------------------------------------------------------------
 
 
 def _as_index(fn: str, name: str, value: Any, device: torch.device | None = None) -> Tensor:
-    """An int64 tensor from user data, refusing floats and bools."""
+    """An int64 tensor from user data, refusing floats and bools.
+
+    The result never aliases the caller's tensor: a value owns its partition, so a
+    later in-place edit of the caller's lengths/offsets cannot change it.
+    """
     if not isinstance(value, Tensor):
         try:
             value = torch.as_tensor(value)
@@ -32,7 +37,7 @@ def _as_index(fn: str, name: str, value: Any, device: torch.device | None = None
         raise fail(fn, f"{name} must have an integer dtype, got {describe(value)}")
     if device is not None and value.device != device:
         raise fail(fn, f"{name} must be on {device} like values, got {describe(value)}")
-    return value.to(torch.int64)
+    return value.to(torch.int64, copy=True)
 
 
 def _check_values(fn: str, values: Any) -> Tensor:
@@ -43,41 +48,17 @@ def _check_values(fn: str, values: Any) -> Tensor:
     return values
 
 
-def _validate(fn: str, values: Tensor, offsets: Tensor, sizes: Tensor) -> None:
-    """Value checks on partitions from user data (host sync: not for hot paths)."""
-    if offsets.ndim != 1 or offsets.shape[0] < 1:
-        raise fail(fn, f"offsets must be a 1-D [B + 1] tensor, got {describe(offsets)}")
-    total = values.shape[0]
-    if int(offsets[0]) != 0:
-        raise fail(fn, f"offsets must start at 0, got offsets[0] = {int(offsets[0])}")
-    steps = lengths_of(offsets)
-    if bool((steps < 0).any()):
-        bad = int((steps < 0).nonzero()[0, 0])
-        raise fail(
-            fn,
-            f"offsets must never decrease, got offsets[{bad}] = {int(offsets[bad])} > "
-            f"offsets[{bad + 1}] = {int(offsets[bad + 1])}",
-        )
-    if int(offsets[-1]) != total:
-        raise fail(
-            fn,
-            f"offsets must end at values.shape[0] = {total}, got offsets[-1] = {int(offsets[-1])}",
-        )
-    batch_size = offsets.shape[0] - 1
-    if sizes.ndim != 2 or sizes.shape[0] != batch_size:
-        raise fail(fn, f"sizes must be a [B, R] = [{batch_size}, R] tensor, got {describe(sizes)}")
-    if bool((sizes < 0).any()):
-        bad = int((sizes < 0).any(dim=1).nonzero()[0, 0])
-        raise fail(fn, f"sizes must be non-negative, got sizes[{bad}] = {sizes[bad].tolist()}")
-    # float64 products cannot wrap around like int64 ones (exact below 2**53)
-    counts = sizes.to(torch.float64).prod(dim=1)
-    if not torch.equal(counts, steps.to(torch.float64)):
-        bad = int((counts != steps).nonzero()[0, 0])
-        raise fail(
-            fn,
-            f"sample {bad} has sizes {sizes[bad].tolist()} (product {int(counts[bad])}) but "
-            f"offsets give it {int(steps[bad])} rows",
-        )
+def _validate(fn: str, values: Tensor, offsets: Tensor, sizes: Tensor, layout: Layout) -> None:
+    """Every invariant of a partition from user data (host sync eagerly, not for hot paths)."""
+    check_structure(fn, values, offsets, sizes, layout)
+    check_partition(fn, values, offsets, sizes)
+
+
+def _non_negative(fn: str, name: str, sizes: Tensor) -> None:
+    if is_tracing(sizes):
+        torch._assert_async((sizes >= 0).all(), f"{fn}: {name} must be non-negative")
+    elif bool((sizes < 0).any()):
+        raise fail(fn, f"{name} must be non-negative, got {sizes.tolist()}")
 
 
 def _check_products(fn: str, sizes: Tensor, total: int) -> None:
@@ -97,6 +78,12 @@ def _check_products(fn: str, sizes: Tensor, total: int) -> None:
 
 def _check_total(fn: str, name: str, sizes: Tensor, total: int) -> None:
     """The samples' element counts (products of ``sizes`` rows) must add up to ``total``."""
+    if is_tracing(sizes):
+        rows = sizes.to(torch.float64).prod(dim=1).sum()
+        torch._assert_async(
+            rows == total, f"{fn}: {name} must account for values.shape[0] packed rows in total"
+        )
+        return
     _check_products(fn, sizes, total)
     counted = int(sizes.prod(dim=1).sum()) if sizes.numel() else 0
     if counted != total:
@@ -135,7 +122,11 @@ def _ragged_positions(fn: str, ragged_dims: Any, rank: int) -> tuple[int, ...]:
 
 
 def check(x: Ragged) -> Ragged:
-    """Validate every invariant of ``x`` (host sync); returns ``x`` unchanged.
+    """Validate every invariant of ``x``; returns ``x`` unchanged.
+
+    Eagerly this reads the partition on the host (a sync). Under
+    ``torch.compile`` the same checks become device-side assertions that raise
+    ``RuntimeError`` with the same words when the graph runs.
 
     Example:
         >>> import torch, raggedfn
@@ -145,7 +136,7 @@ def check(x: Ragged) -> Ragged:
     """
     if not isinstance(x, Ragged):
         raise fail("check", f"x must be a Ragged value, got {describe(x)}")
-    _validate("check", x.values, x.offsets, x.sizes)
+    _validate("check", x.values, x.offsets, x.sizes, x.layout)
     return x
 
 
@@ -180,6 +171,13 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
             "use from_lengths(values, torch.zeros(0, dtype=torch.int64)) for an empty batch",
         )
     for i, t in enumerate(tensors):
+        if isinstance(t, (list, tuple)):
+            raise fail(
+                fn,
+                f"sample {i} must be a tensor, got {describe(t)}; nested ragged levels (a list "
+                "of lists, e.g. documents of sentences) are not supported yet: pass one tensor "
+                "per sample (torch.tensor(...) for Python numbers)",
+            )
         if not isinstance(t, Tensor):
             raise fail(fn, f"sample {i} must be a tensor, got {describe(t)}")
     first = tensors[0]
@@ -190,7 +188,7 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
         if t.ndim != rank:
             raise fail(
                 fn,
-                f"sample {i} has rank {t.ndim} (shape {tuple(t.shape)}), expected rank {rank} like sample 0",
+                f"sample {i} has rank {t.ndim} (shape {shape_text(t.shape)}), expected rank {rank} like sample 0",
             )
         if t.dtype != first.dtype:
             raise fail(fn, f"sample {i} has dtype {t.dtype}, expected {first.dtype} like sample 0")
@@ -201,7 +199,7 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
                 raise fail(
                     fn,
                     f"sample {i} has size {t.shape[a]} along axis {a + 1}, which is not ragged; "
-                    f"expected {first.shape[a]} like sample 0 (shapes {tuple(first.shape)} and {tuple(t.shape)})",
+                    f"expected {first.shape[a]} like sample 0 (shapes {shape_text(first.shape)} and {shape_text(t.shape)})",
                 )
     layout = Layout.from_ragged_positions(rank, positions)
     to_physical = layout.logical_to_physical()
@@ -228,8 +226,9 @@ def from_offsets(values: Tensor, offsets: Any) -> Ragged:
     if offsets.ndim != 1 or offsets.shape[0] < 1:
         raise fail(fn, f"offsets must be a 1-D [B + 1] tensor, got {describe(offsets)}")
     sizes = lengths_of(offsets).unsqueeze(1)
-    _validate(fn, values, offsets, sizes)
-    return Ragged(values, offsets, sizes, Layout.standard(1, values.ndim - 1))
+    layout = Layout.standard(1, values.ndim - 1)
+    _validate(fn, values, offsets, sizes, layout)
+    return Ragged(values, offsets, sizes, layout)
 
 
 def from_lengths(values: Tensor, lengths: Any) -> Ragged:
@@ -245,13 +244,13 @@ def from_lengths(values: Tensor, lengths: Any) -> Ragged:
     lengths = _as_index(fn, "lengths", lengths, values.device)
     if lengths.ndim != 1:
         raise fail(fn, f"lengths must be a 1-D [B] tensor, got {describe(lengths)}")
-    if bool((lengths < 0).any()):
-        raise fail(fn, f"lengths must be non-negative, got {lengths.tolist()}")
+    _non_negative(fn, "lengths", lengths)
     sizes = lengths.unsqueeze(1)
     _check_total(fn, "lengths", sizes, values.shape[0])
     offsets = offsets_of(lengths)
-    _validate(fn, values, offsets, sizes)
-    return Ragged(values, offsets, sizes, Layout.standard(1, values.ndim - 1))
+    layout = Layout.standard(1, values.ndim - 1)
+    _validate(fn, values, offsets, sizes, layout)
+    return Ragged(values, offsets, sizes, layout)
 
 
 def from_sizes(
@@ -273,7 +272,11 @@ def from_sizes(
     values = _check_values(fn, values)
     sizes = _as_index(fn, "sizes", sizes, values.device)
     if sizes.ndim == 1:
-        sizes = sizes.unsqueeze(1)
+        raise fail(
+            fn,
+            f"expected sizes of shape [B, R], got {describe(sizes)}; for one ragged axis "
+            "pass lengths.unsqueeze(1) or use from_lengths(values, lengths)",
+        )
     if sizes.ndim != 2 or sizes.shape[1] < 1:
         raise fail(fn, f"sizes must be a [B, R] tensor with R >= 1, got {describe(sizes)}")
     num_ragged = sizes.shape[1]
@@ -286,12 +289,12 @@ def from_sizes(
             fn,
             f"ragged_dims {ragged_dims} name {len(positions)} axes but sizes has R = {num_ragged} columns",
         )
-    if bool((sizes < 0).any()):
-        raise fail(fn, f"sizes must be non-negative, got {sizes.tolist()}")
+    _non_negative(fn, "sizes", sizes)
     _check_total(fn, "sizes", sizes, values.shape[0])
     offsets = offsets_of(sizes.prod(dim=1))
-    _validate(fn, values, offsets, sizes)
-    return Ragged(values, offsets, sizes, Layout.from_ragged_positions(rank, positions))
+    layout = Layout.from_ragged_positions(rank, positions)
+    _validate(fn, values, offsets, sizes, layout)
+    return Ragged(values, offsets, sizes, layout)
 
 
 def from_padded(
@@ -369,14 +372,13 @@ def from_padded(
             f"lengths_or_sizes must be [B] or [B, R] = [{padded.shape[0]}, {len(positions)}], "
             f"got {describe(sizes)}",
         )
-    if bool((sizes < 0).any()):
-        raise fail(fn, f"lengths_or_sizes must be non-negative, got {sizes.tolist()}")
+    _non_negative(fn, "lengths_or_sizes", sizes)
     for k, a in enumerate(positions):
         if sizes.shape[0] and int(sizes[:, k].max()) > padded.shape[1 + a]:
             raise fail(
                 fn,
                 f"sizes along axis {1 + a} reach {int(sizes[:, k].max())} but padded has only "
-                f"{padded.shape[1 + a]} there (shape {tuple(padded.shape)})",
+                f"{padded.shape[1 + a]} there (shape {shape_text(padded.shape)})",
             )
     layout = Layout.from_ragged_positions(rank, positions)
     offsets = offsets_of(sizes.prod(dim=1))
@@ -420,7 +422,10 @@ def to_padded(x: Ragged, fill: float = 0.0, shape: Sequence[int] | None = None) 
     if shape is not None:
         shape = tuple(int(s) for s in shape)
         if len(shape) != x.ndim:
-            raise fail(fn, f"shape {shape} must have {x.ndim} entries (logical shape {x.shape})")
+            raise fail(
+                fn,
+                f"shape {shape} must have {x.ndim} entries (logical shape {shape_text(x.shape)})",
+            )
         if shape[0] != x.batch_size:
             raise fail(fn, f"shape {shape} must start with the batch size {x.batch_size}")
         for p, a in enumerate(layout.axes):
@@ -492,7 +497,7 @@ def _require_tokens(fn: str, x: Ragged) -> None:
     if x.num_ragged != 1 or not x.layout.axes[0].ragged:
         raise fail(
             fn,
-            f"needs one ragged axis at logical axis 1, got logical shape {x.shape} "
+            f"needs one ragged axis at logical axis 1, got logical shape {shape_text(x.shape)} "
             f"(ragged axes {x.ragged_dims})",
         )
 
@@ -541,7 +546,7 @@ def to_nested(x: Ragged) -> Tensor:
     lengths = x.lengths
     return torch.nested.nested_tensor_from_jagged(
         _dense_in_order(x),
-        x.offsets,
+        x.offsets.clone(),  # the nested tensor must not share (and so could edit) our partition
         min_seqlen=int(lengths.min()),
         max_seqlen=int(lengths.max()),
     )

@@ -1,7 +1,14 @@
-"""The one error type of raggedfn and helpers that word its messages."""
+"""The one error type of raggedfn and helpers that word its messages.
+
+Messages follow one style: ``fn: expected ..., got ...`` with logical shapes.
+They are built with f-strings only (never ``str()`` of a size): under
+``torch.compile(dynamic=True)`` sizes are symbolic, and dynamo formats a
+symbolic size in an f-string but refuses ``str()`` of it (torch 2.13).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -21,8 +28,22 @@ def fail(fn: str, message: str) -> RaggedError:
     return RaggedError(f"{fn}: {message}")
 
 
+def shape_text(shape: Iterable[Any]) -> str:
+    """``(2, 3)`` for a shape; safe for symbolic sizes under ``torch.compile``."""
+    parts = [f"{d}" for d in shape]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
 def describe(value: Any) -> str:
     """A short description of what arrived, for error messages."""
     if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+        return f"a {value.dtype} tensor of shape {shape_text(value.shape)} on {value.device}"
     return f"{type(value).__name__} {value!r}"[:200]
+
+
+def require_ordered(fn: str, dtype: torch.dtype) -> None:
+    """Refuse complex dtypes for ops that compare values (max, sort, ...)."""
+    if dtype.is_complex:
+        raise fail(
+            fn, f"expected a real dtype (complex numbers have no order), got values of {dtype}"
+        )

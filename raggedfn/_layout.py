@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from ._errors import describe, fail
+
 
 class Axis(NamedTuple):
     """One logical axis of a sample: ragged axis ``index`` or dense axis ``index``.
@@ -25,6 +27,25 @@ RAGGED_NAMES = ("N", "M", "K", "L", "P", "Q")
 
 def _parse(code: str) -> tuple[Axis, ...]:
     return tuple(Axis(part[0] == "r", int(part[1:])) for part in code.split())
+
+
+def _checked(code: Any) -> str:
+    """``code`` if it is a well-formed layout code, else ``RaggedError``."""
+    if not isinstance(code, str):
+        raise fail(
+            "Layout", f"expected a layout code string or a tuple of Axis, got {describe(code)}"
+        )
+    parts = code.split()
+    if not all(p[:1] in ("r", "d") and p[1:].isdigit() and p[1:].isascii() for p in parts):
+        raise fail(
+            "Layout", f"expected a code like 'r0 d0' (r/d and an index per axis), got {code!r}"
+        )
+    parsed = _parse(code)
+    ragged = sorted(a.index for a in parsed if a.ragged)
+    dense = sorted(a.index for a in parsed if not a.ragged)
+    if ragged != list(range(len(ragged))) or dense != list(range(len(dense))):
+        raise fail("Layout", f"expected ragged and dense axes numbered 0..n-1 each, got {code!r}")
+    return " ".join(parts)
 
 
 # eager calls read parsed layouts from here (a handful of distinct codes per program)
@@ -55,15 +76,25 @@ class Layout:
     def __post_init__(self) -> None:
         code: Any = self.code
         if not isinstance(code, str):
+            if not isinstance(code, (tuple, list)) or not all(
+                isinstance(a, tuple) and len(a) == 2 for a in code
+            ):
+                raise fail(
+                    "Layout",
+                    f"expected a layout code string or a tuple of Axis, got {describe(code)}",
+                )
             code = " ".join(f"{'r' if a[0] else 'd'}{int(a[1])}" for a in code)
             object.__setattr__(self, "code", code)
         if torch.compiler.is_compiling():
             return  # layouts built inside a compiled graph come from validated ones
-        parsed = self.axes
-        ragged = sorted(a.index for a in parsed if a.ragged)
-        dense = sorted(a.index for a in parsed if not a.ragged)
-        if ragged != list(range(len(ragged))) or dense != list(range(len(dense))):
-            raise ValueError(f"Layout: axes {parsed} must number ragged and dense axes 0..n-1")
+        if code not in _PARSED:
+            object.__setattr__(self, "code", _checked(code))
+
+    def __setstate__(self, state: Any) -> None:
+        """Unpickling (``torch.load``, ``pickle``, ``copy``) validates the code."""
+        if not isinstance(state, dict) or set(state) != {"code"}:
+            raise fail("Layout.__setstate__", f"expected {{'code': str}}, got {describe(state)}")
+        object.__setattr__(self, "code", _checked(state["code"]))
 
     @property
     def axes(self) -> tuple[Axis, ...]:
@@ -140,7 +171,7 @@ class Layout:
         parts = [
             f"{RAGGED_NAMES[a.index % len(RAGGED_NAMES)]}*"
             if a.ragged
-            else str(dense_shape[a.index])
+            else f"{dense_shape[a.index]}"  # an f-string: dynamo refuses str() of a SymInt
             for a in self.axes
         ]
         return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optree
 import torch
 import torch.utils._pytree as torch_pytree
 from torch import Tensor
 
-from ._errors import RaggedError, describe, fail
+from ._errors import RaggedError, describe, fail, shape_text
 from ._index import lengths_of, offsets_of, segment_ids
-from ._layout import Layout
+from ._layout import Axis, Layout
+from ._validate import check_partition, check_structure
 
 OPTREE_NAMESPACE = "raggedfn"
+_FIELDS = ("values", "offsets", "sizes", "layout")
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,46 +48,7 @@ class Ragged:
     layout: Layout
 
     def __post_init__(self) -> None:
-        if not isinstance(self.layout, Layout):
-            raise fail("Ragged", f"layout must be a Layout, got {describe(self.layout)}")
-        for name in ("values", "offsets", "sizes"):
-            if not isinstance(getattr(self, name), Tensor):
-                raise fail(
-                    "Ragged", f"{name} must be a tensor, got {describe(getattr(self, name))}"
-                )
-        if self.offsets.ndim != 1 or self.offsets.dtype != torch.int64:
-            raise fail(
-                "Ragged", f"offsets must be an int64 [B + 1] tensor, got {describe(self.offsets)}"
-            )
-        if self.sizes.ndim != 2 or self.sizes.dtype != torch.int64:
-            raise fail(
-                "Ragged", f"sizes must be an int64 [B, R] tensor, got {describe(self.sizes)}"
-            )
-        if self.values.ndim < 1:
-            raise fail(
-                "Ragged", f"values must have a packed leading axis, got {describe(self.values)}"
-            )
-        if self.values.ndim - 1 != self.layout.num_dense:
-            raise fail(
-                "Ragged",
-                f"values of shape {tuple(self.values.shape)} have {self.values.ndim - 1} dense "
-                f"axes but the layout declares {self.layout.num_dense}",
-            )
-        if self.sizes.shape[1] != self.layout.num_ragged:
-            raise fail(
-                "Ragged",
-                f"sizes of shape {tuple(self.sizes.shape)} have {self.sizes.shape[1]} ragged "
-                f"axes but the layout declares {self.layout.num_ragged}",
-            )
-        if self.sizes.shape[0] != self.offsets.shape[0] - 1:
-            raise fail(
-                "Ragged",
-                f"sizes of shape {tuple(self.sizes.shape)} do not match offsets of shape "
-                f"{tuple(self.offsets.shape)} (expected [B, R] with B = {self.offsets.shape[0] - 1})",
-            )
-        devices = {self.values.device, self.offsets.device, self.sizes.device}
-        if len(devices) != 1:
-            raise fail("Ragged", f"values, offsets and sizes must share a device, got {devices}")
+        check_structure("Ragged", self.values, self.offsets, self.sizes, self.layout)
 
     @classmethod
     def _make(cls, values: Any, offsets: Any, sizes: Any, layout: Layout) -> Ragged:
@@ -96,6 +59,21 @@ class Ragged:
         object.__setattr__(obj, "sizes", sizes)
         object.__setattr__(obj, "layout", layout)
         return obj
+
+    def __setstate__(self, state: Any) -> None:
+        """Unpickling (``torch.load``, ``pickle``, ``copy.deepcopy``, worker queues).
+
+        The data comes from outside this process, so every invariant is checked,
+        the partition data too (a host sync).
+        """
+        fn = "Ragged.__setstate__"
+        if not isinstance(state, dict) or set(state) != set(_FIELDS):
+            raise fail(fn, f"expected a dict with keys {_FIELDS}, got {describe(state)}")
+        values, offsets, sizes, layout = (state[name] for name in _FIELDS)
+        check_structure(fn, values, offsets, sizes, layout)
+        check_partition(fn, values, offsets, sizes)
+        for name in _FIELDS:
+            object.__setattr__(self, name, state[name])
 
     # ----- attributes -------------------------------------------------------
     @property
@@ -165,7 +143,7 @@ class Ragged:
         if values.ndim < 1 or values.shape[0] != self.values.shape[0]:
             raise fail(
                 "with_values",
-                f"values must have {self.values.shape[0]} packed rows, got shape {tuple(values.shape)}",
+                f"values must have {self.values.shape[0]} packed rows, got shape {shape_text(values.shape)}",
             )
         layout = self.layout
         if values.ndim != self.values.ndim:
@@ -173,7 +151,7 @@ class Ragged:
             if layout != standard:
                 raise fail(
                     "with_values",
-                    f"values of shape {tuple(values.shape)} change the dense axes of a value whose "
+                    f"values of shape {shape_text(values.shape)} change the dense axes of a value whose "
                     f"layout {layout.describe(tuple(self.values.shape[1:]))} is not ragged-axes-first; "
                     "permute it to that order first",
                 )
@@ -262,87 +240,37 @@ class Ragged:
             return f"Ragged(layout={self.layout}, values={type(self.values).__name__})"
         return f"Ragged(shape={shape}, dtype={self.dtype}, device={self.device}, {label}={text})"
 
-    # ----- operators: thin forwards to raggedfn.ops (imported lazily: ops import this module)
+    # Operators (+, @, ==, ...) are bound onto the class by ``raggedfn.ops`` (the value
+    # does not import the op layer); declared here for type checkers only.
     __hash__ = object.__hash__
 
-    def __add__(self, other: Any) -> Any:
-        return _elementwise().add(self, other)
+    if TYPE_CHECKING:
 
-    def __radd__(self, other: Any) -> Any:
-        return _elementwise().add(other, self)
-
-    def __sub__(self, other: Any) -> Any:
-        return _elementwise().sub(self, other)
-
-    def __rsub__(self, other: Any) -> Any:
-        return _elementwise().sub(other, self)
-
-    def __mul__(self, other: Any) -> Any:
-        return _elementwise().mul(self, other)
-
-    def __rmul__(self, other: Any) -> Any:
-        return _elementwise().mul(other, self)
-
-    def __truediv__(self, other: Any) -> Any:
-        return _elementwise().div(self, other)
-
-    def __rtruediv__(self, other: Any) -> Any:
-        return _elementwise().div(other, self)
-
-    def __floordiv__(self, other: Any) -> Any:
-        return _elementwise().floor_divide(self, other)
-
-    def __rfloordiv__(self, other: Any) -> Any:
-        return _elementwise().floor_divide(other, self)
-
-    def __pow__(self, other: Any) -> Any:
-        return _elementwise().pow(self, other)
-
-    def __rpow__(self, other: Any) -> Any:
-        return _elementwise().pow(other, self)
-
-    def __neg__(self) -> Any:
-        return _elementwise().neg(self)
-
-    def __abs__(self) -> Any:
-        return _elementwise().abs(self)
-
-    def __eq__(self, other: Any) -> Any:  # type: ignore[override]
-        return _elementwise().eq(self, other)
-
-    def __ne__(self, other: Any) -> Any:  # type: ignore[override]
-        return _elementwise().ne(self, other)
-
-    def __lt__(self, other: Any) -> Any:
-        return _elementwise().lt(self, other)
-
-    def __le__(self, other: Any) -> Any:
-        return _elementwise().le(self, other)
-
-    def __gt__(self, other: Any) -> Any:
-        return _elementwise().gt(self, other)
-
-    def __ge__(self, other: Any) -> Any:
-        return _elementwise().ge(self, other)
-
-    def __matmul__(self, other: Any) -> Any:
-        from .ops import _products
-
-        return _products.matmul(self, other)
-
-    def __rmatmul__(self, other: Any) -> Any:
-        from .ops import _products
-
-        return _products.matmul(other, self)
+        def __add__(self, other: Any) -> Any: ...
+        def __radd__(self, other: Any) -> Any: ...
+        def __sub__(self, other: Any) -> Any: ...
+        def __rsub__(self, other: Any) -> Any: ...
+        def __mul__(self, other: Any) -> Any: ...
+        def __rmul__(self, other: Any) -> Any: ...
+        def __truediv__(self, other: Any) -> Any: ...
+        def __rtruediv__(self, other: Any) -> Any: ...
+        def __floordiv__(self, other: Any) -> Any: ...
+        def __rfloordiv__(self, other: Any) -> Any: ...
+        def __pow__(self, other: Any) -> Any: ...
+        def __rpow__(self, other: Any) -> Any: ...
+        def __neg__(self) -> Any: ...
+        def __abs__(self) -> Any: ...
+        def __eq__(self, other: Any) -> Any: ...  # type: ignore[override]
+        def __ne__(self, other: Any) -> Any: ...  # type: ignore[override]
+        def __lt__(self, other: Any) -> Any: ...
+        def __le__(self, other: Any) -> Any: ...
+        def __gt__(self, other: Any) -> Any: ...
+        def __ge__(self, other: Any) -> Any: ...
+        def __matmul__(self, other: Any) -> Any: ...
+        def __rmatmul__(self, other: Any) -> Any: ...
 
     def __bool__(self) -> bool:
         raise fail("Ragged.__bool__", "the truth value of a Ragged value is ambiguous")
-
-
-def _elementwise() -> Any:
-    from .ops import _elementwise
-
-    return _elementwise
 
 
 def _sample(x: Ragged, index: int | torch.SymInt) -> Tensor:
@@ -386,18 +314,39 @@ def _select_samples(x: Ragged, index: Tensor) -> Ragged:
 
 
 # ----- pytree registration ----------------------------------------------------
+# Unflatten checks the structure (cheap, no device sync) when the leaves are
+# tensors: a corrupted leaf raises instead of building a silently wrong value.
+# Other leaves (tree_map to shapes or in_dims specs) make a plain structure
+# holder, as pytree containers are, which no raggedfn op accepts as a value.
+
+
+def _unflatten_leaves(fn: str, leaves: Any, layout: Layout) -> Ragged:
+    values, offsets, sizes = leaves
+    if isinstance(values, Tensor) or isinstance(offsets, Tensor) or isinstance(sizes, Tensor):
+        check_structure(fn, values, offsets, sizes, layout)
+    return Ragged._make(values, offsets, sizes, layout)
+
+
 def _flatten(x: Ragged) -> tuple[list[Any], Layout]:
     return [x.values, x.offsets, x.sizes], x.layout
 
 
 def _unflatten(leaves: Any, layout: Layout) -> Ragged:
-    values, offsets, sizes = leaves
-    return Ragged._make(values, offsets, sizes, layout)
+    return _unflatten_leaves("tree_unflatten", leaves, layout)
 
 
 def _flatten_with_keys(x: Ragged) -> tuple[list[tuple[Any, Any]], Layout]:
     keys = (torch_pytree.GetAttrKey(n) for n in ("values", "offsets", "sizes"))
     return [(k, getattr(x, k.name)) for k in keys], x.layout
+
+
+def _to_dumpable_context(layout: Layout) -> str:
+    """The JSON-able form of a spec's context (``treespec_dumps``): the layout code."""
+    return layout.code
+
+
+def _from_dumpable_context(code: Any) -> Layout:
+    return Layout(code)  # validates the code (RaggedError)
 
 
 torch_pytree.register_pytree_node(
@@ -406,6 +355,8 @@ torch_pytree.register_pytree_node(
     _unflatten,
     serialized_type_name="raggedfn.Ragged",
     flatten_with_keys_fn=_flatten_with_keys,
+    to_dumpable_context=_to_dumpable_context,
+    from_dumpable_context=_from_dumpable_context,
 )
 
 
@@ -414,8 +365,7 @@ def _optree_flatten(x: Ragged) -> tuple[list[Any], Layout, tuple[str, ...]]:
 
 
 def _optree_unflatten(layout: Layout, leaves: Any) -> Ragged:
-    values, offsets, sizes = leaves
-    return Ragged._make(values, offsets, sizes, layout)
+    return _unflatten_leaves("optree.tree_unflatten", leaves, layout)
 
 
 optree.register_pytree_node(
@@ -427,5 +377,9 @@ optree.register_pytree_node(
 # torch mirrors registrations into optree's "torch" namespace when this module is
 # imported; it must come after registering (registering there directly breaks it).
 import torch.utils._cxx_pytree  # noqa: E402
+
+# torch.load defaults to weights_only=True, which builds only allowlisted classes;
+# unpickling a Ragged or Layout validates it (__setstate__).
+torch.serialization.add_safe_globals([Ragged, Layout, Axis])
 
 __all__ = ["OPTREE_NAMESPACE", "Ragged", "RaggedError"]

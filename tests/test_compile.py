@@ -240,14 +240,11 @@ def test_ragged_tensor_arithmetic_compiles_in_function_form() -> None:
     assert graph_count() == (1, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=torch._dynamo.exc.InternalTorchDynamoError,
-    reason="torch 2.13 dynamo puts a binary op with a tensor operand straight into the graph "
-    "and never calls Ragged's dunders (docs/compile.md); passes once torch fixes that",
-)
-def test_ragged_tensor_operators_do_not_compile_yet() -> None:
-    torch._dynamo.reset()
+def test_ragged_tensor_operators_compile() -> None:
+    """``(x * t) @ W + t`` with dense tensors: one graph, equal to eager (docs/compile.md:
+    dynamo routes these operators through ``Ragged.__torch_function__``)."""
+    fresh_counters()
     x, weight, scale = _mixed_inputs()
     compiled = torch.compile(_mixed_operators, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x, weight, scale), _mixed_operators(x, weight, scale))
+    assert graph_count() == (1, 0)

@@ -188,8 +188,9 @@ def test_from_sizes():
     x = raggedfn.from_sizes(values, [[2, 2], [3, 3]])
     assert x.shape == (2, None, None, 4) and x.offsets.tolist() == [0, 4, 13]
     assert torch.equal(x[1][2, 1], values[4 + 2 * 3 + 1])
-    # 1-D sizes mean one ragged axis
-    assert raggedfn.from_sizes(torch.zeros(5), [2, 3]).lengths.tolist() == [2, 3]
+    # sizes are [B, R]: 1-D sizes are refused, never guessed to be [B, 1]
+    with pytest.raises(RaggedError, match=r"from_sizes: expected sizes of shape \[B, R\]"):
+        raggedfn.from_sizes(torch.zeros(5), [2, 3])
     # images: channel axis first, ragged axes second and third
     img = raggedfn.from_sizes(torch.arange(24.0).reshape(8, 3), [[2, 4]], ragged_dims=(2, 3))
     assert img.shape == (1, 3, None, None)

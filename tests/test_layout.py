@@ -2,7 +2,7 @@
 
 import pytest
 
-from raggedfn import Axis, Layout
+from raggedfn import Axis, Layout, RaggedError
 
 
 def test_standard_puts_ragged_axes_first():
@@ -56,6 +56,6 @@ def test_layout_is_hashable_and_compares_by_value():
 )
 def test_bad_numbering_is_refused(axes):
     with pytest.raises(
-        ValueError, match=r"Layout: axes .* must number ragged and dense axes 0\.\.n-1"
+        RaggedError, match=r"Layout: expected ragged and dense axes numbered 0\.\.n-1 each, got '"
     ):
         Layout(axes)

@@ -129,7 +129,7 @@ def test_pair_state_reductions_and_softmax_along_either_ragged_axis():
         ),
         (
             lambda x, y: raggedfn.matmul(x, torch.ones(2, 3, 4)),
-            r"a dense right operand must be a \[K\] or \[K, N\] weight",
+            r"expected a dense right operand b of shape \[K\] or \[K, N\], got a torch.float32 tensor of shape \(2, 3, 4\)",
         ),
         (
             lambda x, y: raggedfn.matmul(raggedfn.einsum("bnd,bmd->bnm", x, y), torch.ones(2, 2)),

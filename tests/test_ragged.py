@@ -277,44 +277,44 @@ def _parts():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"layout": "N*"}, r"Ragged: layout must be a Layout, got str 'N\*'"),
-        ({"values": [1.0]}, r"Ragged: values must be a tensor, got list"),
-        ({"offsets": (0, 5)}, r"Ragged: offsets must be a tensor, got tuple"),
+        ({"layout": "N*"}, r"Ragged: expected layout to be a Layout, got str 'N\*'"),
+        ({"values": [1.0]}, r"Ragged: expected values to be a tensor, got list"),
+        ({"offsets": (0, 5)}, r"Ragged: expected offsets to be a tensor, got tuple"),
         (
             {"offsets": torch.tensor([0.0, 2.0, 5.0])},
-            r"Ragged: offsets must be an int64 \[B \+ 1\] tensor, got a torch.float32 tensor of shape \(3,\)",
+            r"Ragged: expected offsets to be an int64 \[B \+ 1\] tensor, got a torch.float32 tensor of shape \(3,\)",
         ),
         (
             {"offsets": torch.tensor([[0, 2, 5]])},
-            r"Ragged: offsets must be an int64 \[B \+ 1\] tensor, got a torch.int64 tensor of shape \(1, 3\)",
+            r"Ragged: expected offsets to be an int64 \[B \+ 1\] tensor, got a torch.int64 tensor of shape \(1, 3\)",
         ),
         (
             {"offsets": torch.tensor([0, 2, 5], dtype=torch.int32)},
-            r"Ragged: offsets must be an int64 \[B \+ 1\] tensor, got a torch.int32",
+            r"Ragged: expected offsets to be an int64 \[B \+ 1\] tensor, got a torch.int32",
         ),
         (
             {"sizes": torch.tensor([2, 3])},
-            r"Ragged: sizes must be an int64 \[B, R\] tensor, got a torch.int64 tensor of shape \(2,\)",
+            r"Ragged: expected sizes to be an int64 \[B, R\] tensor, got a torch.int64 tensor of shape \(2,\)",
         ),
         (
             {"values": torch.tensor(1.0), "layout": Layout.standard(1, 0)},
-            r"Ragged: values must have a packed leading axis, got a torch.float32 tensor of shape \(\)",
+            r"Ragged: expected values with a packed leading axis \[T, ...\], got a torch.float32 tensor of shape \(\)",
         ),
         (
             {"values": torch.zeros(5)},
-            r"Ragged: values of shape \(5,\) have 0 dense axes but the layout declares 1",
+            r"Ragged: expected values with 1 dense axes as the layout 'r0 d0' declares, got values of shape \(5,\)",
         ),
         (
             {"sizes": torch.tensor([[2, 1], [3, 1]])},
-            r"Ragged: sizes of shape \(2, 2\) have 2 ragged axes but the layout declares 1",
+            r"Ragged: expected sizes with 1 columns \(one per ragged axis of the layout 'r0 d0'\), got sizes of shape \(2, 2\)",
         ),
         (
             {"sizes": torch.tensor([[2], [3], [0]])},
-            r"Ragged: sizes of shape \(3, 1\) do not match offsets of shape \(3,\) \(expected \[B, R\] with B = 2\)",
+            r"Ragged: expected sizes of shape \[B, R\] with B = len\(offsets\) - 1 = 2, got sizes of shape \(3, 1\)",
         ),
         (
             {"offsets": torch.tensor([0, 2, 5], device="meta")},
-            r"Ragged: values, offsets and sizes must share a device",
+            r"Ragged: expected values, offsets and sizes on one device, got cpu, meta and cpu",
         ),
     ],
 )

@@ -4,7 +4,8 @@
 (``y * (g - sum(g * y))`` and ``g - exp(y) * sum(g)``): one segment sum and one
 gather instead of the four kernels autograd would record for the composite.
 Their backwards use :func:`segment_sum`/:func:`broadcast` and the saved output,
-so they are differentiable again. ``segment_logsumexp`` is a composite.
+so they are differentiable again. ``segment_logsumexp`` is a composite; over a
+segment of only ``-inf`` it follows torch (value ``-inf``, gradient NaN).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ._extrema import segment_amax
-from ._segment import broadcast, segment_sum
+from ._segment import broadcast, segment_counts, segment_sum
 
 
 def _shift(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
@@ -105,12 +106,17 @@ def segment_log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> 
 def segment_logsumexp(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     """``log(sum(exp(values)))`` of each segment, stabilised; ``[S, *rest]``.
 
-    A segment without rows gives -inf (as ``torch.logsumexp`` of an empty
-    tensor); its log is taken behind a ``where``, so derivatives stay finite.
+    As ``torch.logsumexp`` (and so as the per-sample loop it stands for): a
+    segment whose rows are all ``-inf`` gives ``-inf`` and its gradient is
+    ``softmax`` of those rows, ``exp(-inf - -inf)``, which is NaN (0/0, as in
+    torch and as :func:`segment_softmax` of the same rows). A segment without
+    rows also gives ``-inf``, but it has no rows to differentiate: its log is
+    taken behind a ``where``, so that no derivative of any order is NaN there.
     """
     shift = _shift(values, segments, num_segments)
     total = segment_sum(torch.exp(values - broadcast(shift, segments)), segments, num_segments)
-    present = total > 0
+    counts = segment_counts(segments, num_segments).view(-1, *[1] * (total.ndim - 1))
+    present = (counts > 0).expand_as(total)
     safe = torch.where(present, total, torch.ones_like(total))
     log = torch.where(present, torch.log(safe), torch.full_like(total, float("-inf")))
     return log + shift

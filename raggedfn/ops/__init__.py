@@ -3,6 +3,7 @@
 Each submodule defines ``__all__``; this package re-exports them all.
 """
 
+from . import _operators  # noqa: F401  # binds Ragged's operators (+, @, <, ...)
 from ._attention import attention
 from ._broadcast import broadcast_tensors
 from ._compile import mark_dynamic

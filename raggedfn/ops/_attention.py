@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _prims
-from .._errors import describe, fail
+from .._errors import describe, fail, shape_text
 from .._layout import Layout
 from .._prims import scaled_dot_product_attention as lean_sdpa
 from .._ragged import Ragged
@@ -37,16 +37,19 @@ def _check_tokens(fn: str, name: str, x: object, num_ragged: int | None = None) 
         raise fail(fn, f"{name} must be a Ragged value, got {describe(x)}")
     r = x.num_ragged
     if num_ragged is None and r not in (1, 2):
-        raise fail(fn, f"{name} must have 1 or 2 ragged axes, got logical shape {x.shape}")
+        raise fail(
+            fn, f"{name} must have 1 or 2 ragged axes, got logical shape {shape_text(x.shape)}"
+        )
     if num_ragged is not None and r != num_ragged:
         raise fail(
-            fn, f"{name} must have {num_ragged} ragged axes like q, got logical shape {x.shape}"
+            fn,
+            f"{name} must have {num_ragged} ragged axes like q, got logical shape {shape_text(x.shape)}",
         )
     if x.layout.rank != r + 2 or not all(a.ragged for a in x.layout.axes[:r]):
         raise fail(
             fn,
             f"{name} must have logical shape (B, {'I*, ' if r == 2 else ''}N*, H, Dh) with the "
-            f"ragged axes first, got {x.shape}",
+            f"ragged axes first, got {shape_text(x.shape)}",
         )
     return x
 
@@ -380,7 +383,8 @@ def _attention(
     if isinstance(bias, Ragged):
         if bias.num_ragged != 2 or bias.shape[1:] != (None, None, heads):
             raise fail(
-                fn, f"a Ragged bias must be a pair state (B, N*, M*, {heads}), got {bias.shape}"
+                fn,
+                f"a Ragged bias must be a pair state (B, N*, M*, {heads}), got {shape_text(bias.shape)}",
             )
         b_sizes = _bucket.ragged_sizes(bias)
         if bias.batch_size != q.batch_size or b_sizes != [sizes["n"], sizes["m"]]:
@@ -410,7 +414,7 @@ def _attention(
             raise fail(
                 fn,
                 f"key_padding must have the partition of k without heads, got shape "
-                f"{key_padding.shape}",
+                f"{shape_text(key_padding.shape)}",
             )
 
     if (

@@ -24,24 +24,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import describe, fail
+from .._errors import describe, fail, shape_text
 from .._index import coordinates, offsets_of, segment_ids
 from .._layout import Layout
 from .._ragged import Ragged
+from .._validate import is_tracing
 
 __all__ = ["broadcast_tensors"]
 
 
-def _is_tracing(t: Tensor) -> bool:
-    """True under torch.compile, fx or fake-tensor tracing (no data to compare)."""
-    if torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing():
-        return True
-    from torch._subclasses.fake_tensor import is_fake
-
-    return is_fake(t)
-
-
-def check_equal(fn: str, what: str, a: Tensor, b: Tensor) -> None:
+def check_equal(
+    fn: str,
+    what: str,
+    a: Tensor,
+    b: Tensor,
+    explain: str = "only values with the same samples and sizes combine elementwise",
+) -> None:
     """Require two partition tensors to hold the same values.
 
     The same object is free. Eagerly the data is compared (one host sync) and a
@@ -55,17 +53,17 @@ def check_equal(fn: str, what: str, a: Tensor, b: Tensor) -> None:
     if a.shape != b.shape:
         raise fail(
             fn,
-            f"operands have different partitions: {what} of shape {tuple(a.shape)} and "
-            f"{tuple(b.shape)}",
+            f"operands have different partitions: {what} of shape {shape_text(a.shape)} and "
+            f"{shape_text(b.shape)} ({explain})",
         )
-    if _is_tracing(a) or _is_tracing(b):
+    if is_tracing(a) or is_tracing(b):
         torch._assert_async((a == b).all(), f"{fn}: operands have different partitions ({what})")
         return
     if not torch.equal(a, b):
         raise fail(
             fn,
             f"operands have different partitions: {what} {a.tolist()[:8]} and {b.tolist()[:8]} "
-            "differ (only values with the same samples and sizes combine elementwise)",
+            f"differ ({explain})",
         )
 
 
@@ -121,6 +119,8 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
     """
     raggeds = [op for op in operands if isinstance(op, Ragged)]
     first = raggeds[0]
+    # by identity: list.index would compare with Ragged.__eq__ (elementwise)
+    first_index = next(i for i, op in enumerate(operands) if op is first)
     ndim, rank, batch = first.ndim, first.layout.rank, first.batch_size
     device = first.device
     for i, op in enumerate(operands):
@@ -128,8 +128,8 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
             if op.ndim != ndim:
                 raise fail(
                     fn,
-                    f"operand {i} has logical shape {op.shape} but operand "
-                    f"{operands.index(first)} has {first.shape}; Ragged operands need the same "
+                    f"operand {i} has logical shape {shape_text(op.shape)} but operand "
+                    f"{first_index} has {shape_text(first.shape)}; Ragged operands need the same "
                     "rank (insert size-1 axes with unsqueeze)",
                 )
             if op.offsets.shape != first.offsets.shape:
@@ -142,7 +142,7 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
                 raise fail(
                     fn,
                     f"operand {i} ({describe(op)}) has more axes than the logical shape "
-                    f"{first.shape}",
+                    f"{shape_text(first.shape)}",
                 )
         elif not isinstance(op, (Number, torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise fail(
@@ -163,8 +163,8 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
             if pad[0] != 1 and pad[0] != batch:
                 raise fail(
                     fn,
-                    f"tensor operand of shape {tuple(op.shape)} has {pad[0]} along the batch "
-                    f"axis, expected {batch} or 1 (logical shape {first.shape})",
+                    f"tensor operand of shape {shape_text(op.shape)} has {pad[0]} along the batch "
+                    f"axis, expected {batch} or 1 (logical shape {shape_text(first.shape)})",
                 )
             shapes.append([("d", s) for s in pad[1:]])
         else:
@@ -223,11 +223,17 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
                 if op is not base:
                     check_equal(fn, "sizes", op.sizes, sizes)
                     check_equal(fn, "offsets", op.offsets, offsets)
-                    if _is_tracing(offsets):
+                    if is_tracing(offsets):
                         # equal partitions have equal row counts: tell the tracer, so that
                         # a data-dependent count (from a product or a new ragged axis)
                         # unifies with this one instead of failing to broadcast
-                        torch._check(values.shape[0] == total)
+                        torch._check(
+                            values.shape[0] == total,
+                            lambda: (
+                                f"{fn}: operands have different partitions (packed row "
+                                "counts values.shape[0] differ)"
+                            ),
+                        )
             else:
                 for p, k in own.items():
                     same = op.sizes is sizes and k == result_k[p]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import describe, fail
+from .._errors import describe, fail, require_ordered, shape_text
 from .._layout import Axis, Layout
 from .._ragged import Ragged
 from ._broadcast import align
@@ -68,6 +68,15 @@ def _binary(fn: str, op: Callable[[Any, Any], Any], x: Any, y: Any) -> Any:
         return Ragged(op(x.values, y.values), x.offsets, x.sizes, x.layout)
     (a, b), offsets, sizes, layout = align(fn, [x, y])
     return Ragged(op(a, b), offsets, sizes, layout)
+
+
+def _ordered(fn: str, x: Any, y: Any) -> None:
+    """Order comparisons refuse complex operands (complex numbers have no order)."""
+    for op in (x, y):
+        if isinstance(op, (Ragged, Tensor)):
+            require_ordered(fn, op.dtype)
+        elif isinstance(op, complex):
+            raise fail(fn, f"expected a real operand (complex numbers have no order), got {op!r}")
 
 
 def _unary(fn: str, op: Callable[[Tensor], Tensor], x: Any) -> Any:
@@ -213,6 +222,7 @@ def lt(x: Any, y: Any) -> Any:
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) < 2).values.tolist()
         [True, False]
     """
+    _ordered("lt", x, y)
     return _binary("lt", operator.lt, x, y)
 
 
@@ -224,6 +234,7 @@ def le(x: Any, y: Any) -> Any:
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) <= 1).values.tolist()
         [True, False]
     """
+    _ordered("le", x, y)
     return _binary("le", operator.le, x, y)
 
 
@@ -235,6 +246,7 @@ def gt(x: Any, y: Any) -> Any:
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) > 1).values.tolist()
         [False, True]
     """
+    _ordered("gt", x, y)
     return _binary("gt", operator.gt, x, y)
 
 
@@ -246,6 +258,7 @@ def ge(x: Any, y: Any) -> Any:
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) >= 2).values.tolist()
         [False, True]
     """
+    _ordered("ge", x, y)
     return _binary("ge", operator.ge, x, y)
 
 
@@ -344,7 +357,7 @@ def apply(fn: Callable[..., Tensor], x: Ragged, *args: Any, **kwargs: Any) -> Ra
             raise fail(
                 name,
                 f"fn changed the number of dense axes ({values.ndim - 1} -> {out.ndim - 1}) but "
-                f"x has a dense axis before a ragged axis (logical shape {x.shape}); "
+                f"x has a dense axis before a ragged axis (logical shape {shape_text(x.shape)}); "
                 "permute the ragged axes first",
             )
         ragged = [a for a in layout.axes if a.ragged]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._axes import logical_shape_text
-from .._errors import describe, fail
+from .._errors import describe, fail, shape_text
 from .._layout import Layout
 from .._ragged import Ragged
 from ._shape import trailing_dense
@@ -28,7 +28,7 @@ def _check_param(fn: str, name: str, x: Ragged, p: Tensor | None, shape: tuple[i
     if not isinstance(p, Tensor):
         raise fail(fn, f"{name} must be a tensor, got {describe(p)}")
     if tuple(p.shape) != shape:
-        raise fail(fn, f"{name} must have shape {shape}, got {describe(p)}")
+        raise fail(fn, f"{name} must have shape {shape_text(shape)}, got {describe(p)}")
     if p.dtype != x.dtype:
         raise fail(fn, f"{name} must have the dtype of x ({x.dtype}), got {describe(p)}")
     if p.device != x.device:
@@ -87,7 +87,7 @@ def _norm_values(fn: str, x: Ragged, shape: tuple[int, ...]) -> tuple[Tensor, La
     if tuple(values.shape[values.ndim - len(shape) :]) != shape:
         raise fail(
             fn,
-            f"normalized_shape {shape} must equal the trailing axes of logical shape "
+            f"normalized_shape {shape_text(shape)} must equal the trailing axes of logical shape "
             f"{logical_shape_text(x)}",
         )
     return values, layout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._errors import describe, fail
+from .._errors import describe, fail, shape_text
 from .._index import coordinates, offsets_of, segment_ids
 from .._layout import Axis, Layout
 from .._ragged import Ragged
@@ -63,7 +63,9 @@ def pairs(x: Ragged, *, diagonal: bool = True, ordered: bool = True) -> tuple[Ra
     if not isinstance(x, Ragged):
         raise fail(fn, f"x must be a Ragged value, got {describe(x)}")
     if x.num_ragged != 1 or not x.layout.axes[0].ragged:
-        raise fail(fn, f"x must have one ragged axis at logical axis 1, got shape {x.shape}")
+        raise fail(
+            fn, f"x must have one ragged axis at logical axis 1, got shape {shape_text(x.shape)}"
+        )
     n = x.sizes[:, 0]
     if ordered and diagonal:
         sizes = torch.stack([n, n], dim=1)

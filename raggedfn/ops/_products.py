@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 
 from .. import _prims
-from .._errors import describe, fail
+from .._axes import logical_shape_text
+from .._errors import describe, fail, shape_text
 from .._index import offsets_of
 from .._layout import Layout
 from .._ragged import Ragged
@@ -135,7 +136,7 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
             if len(sub) != op.ndim:
                 raise fail(
                     fn,
-                    f"operand {n} has {op.ndim} logical axes (shape {op.shape}) but subscripts "
+                    f"operand {n} has {op.ndim} logical axes (shape {shape_text(op.shape)}) but subscripts "
                     f"{sub!r}",
                 )
             batch_letter = batch_letter or sub[0]
@@ -451,26 +452,72 @@ def matmul(a: Ragged | Tensor, b: Ragged | Tensor) -> Ragged | Tensor:
     for name, op in (("a", a), ("b", b)):
         if not isinstance(op, (Ragged, Tensor)):
             raise fail(fn, f"{name} must be a Ragged value or a tensor, got {describe(op)}")
+    problem = matmul_mismatch(a, b)
+    if problem is not None:
+        raise fail(fn, problem)
     rank_a = a.layout.rank if isinstance(a, Ragged) else a.ndim
     rank_b = b.layout.rank if isinstance(b, Ragged) else b.ndim
-    if isinstance(a, Ragged) and isinstance(b, Tensor) and b.ndim > 2:
-        raise fail(fn, f"a dense right operand must be a [K] or [K, N] weight, got {describe(b)}")
-    if isinstance(b, Ragged) and isinstance(a, Tensor) and a.ndim > 2:
-        raise fail(fn, f"a dense left operand must be a [K] or [M, K] weight, got {describe(a)}")
     sub_a, sub_b, sub_out = _matmul_subscripts(fn, rank_a, rank_b)
     batch = next(c for c in "zyxw" if c not in sub_a + sub_b)
     if isinstance(a, Ragged):
         sub_a = batch + sub_a
     if isinstance(b, Ragged):
         sub_b = batch + sub_b
-    for name, op, sub in (("a", a, sub_a), ("b", b, sub_b)):
-        if isinstance(op, Ragged):
-            contracted = "k" in sub and op.layout.axes[sub.index("k") - 1].ragged
-            other = b if name == "a" else a
-            if contracted and not isinstance(other, Ragged):
-                raise fail(
-                    fn,
-                    f"{name} of logical shape {op.shape} has a ragged contracted axis, so the other "
-                    f"operand must be Ragged too, got {describe(other)}",
-                )
     return einsum(f"{sub_a},{sub_b}->{batch}{sub_out}", a, b)
+
+
+def _shape_of(op: Ragged | Tensor) -> str:
+    if isinstance(op, Ragged):
+        return f"logical shape (B={op.batch_size}, {logical_shape_text(op)[1:]}"
+    return f"shape {shape_text(op.shape)}"
+
+
+def _inner(op: Ragged | Tensor, left: bool) -> tuple[int, bool, Any]:
+    """``(sample axis, ragged?, dense size)`` that ``matmul`` contracts in ``op``."""
+    if isinstance(op, Ragged):
+        rank = op.layout.rank
+        position = rank - 1 if left or rank == 1 else rank - 2
+        axis = op.layout.axes[position]
+        size = None if axis.ragged else op.values.shape[1 + axis.index]
+        return position, axis.ragged, size
+    position = op.ndim - 1 if left or op.ndim == 1 else op.ndim - 2
+    return position, False, op.shape[position]
+
+
+def matmul_mismatch(a: Ragged | Tensor, b: Ragged | Tensor) -> str | None:
+    """Why ``matmul(a, b)`` (one operand ``Ragged``) cannot run, or ``None`` when it can.
+
+    Only shapes are read, so the operator dispatch under ``torch.compile`` can
+    ask whether ``x @ W`` or ``W @ x`` fits (see :mod:`._operators`).
+    """
+    rank_a = a.layout.rank if isinstance(a, Ragged) else a.ndim
+    rank_b = b.layout.rank if isinstance(b, Ragged) else b.ndim
+    if rank_a < 1 or rank_b < 1:
+        return f"expected operands with at least one sample axis, got ranks {rank_a} and {rank_b}"
+    if isinstance(a, Ragged) and isinstance(b, Tensor) and b.ndim > 2:
+        return f"expected a dense right operand b of shape [K] or [K, N], got {describe(b)}"
+    if isinstance(b, Ragged) and isinstance(a, Tensor) and a.ndim > 2:
+        return f"expected a dense left operand a of shape [K] or [M, K], got {describe(a)}"
+    pos_a, ragged_a, size_a = _inner(a, left=True)
+    pos_b, ragged_b, size_b = _inner(b, left=False)
+    if ragged_a or ragged_b:
+        if isinstance(a, Ragged) and isinstance(b, Ragged) and ragged_a and ragged_b:
+            return None  # ragged contraction: the sizes are compared per sample
+        name, op = ("a", a) if ragged_a else ("b", b)
+        other = b if name == "a" else a
+        if not isinstance(other, Ragged):
+            return (
+                f"expected the other operand to be Ragged since {name} of {_shape_of(op)} has a "
+                f"ragged contracted axis, got {describe(other)}"
+            )
+        return (
+            f"expected the contracted axes to be both ragged or both dense, got a of "
+            f"{_shape_of(a)} (axis {1 + pos_a}) and b of {_shape_of(b)} (axis {1 + pos_b})"
+        )
+    if size_a != size_b:
+        where_b = "" if isinstance(b, Ragged) else f" along axis {pos_b}"
+        return (
+            f"expected b to have the inner size {size_a} of a{where_b}, got a of {_shape_of(a)} "
+            f"and b of {_shape_of(b)}"
+        )
+    return None

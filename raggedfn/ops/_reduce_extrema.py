@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from .._axes import normalize_axis
-from .._errors import fail
+from .._errors import fail, require_ordered
 from .._index import coordinates
 from .._prims import identity, segment_amax, segment_amin, segment_max, segment_min
 from .._ragged import Ragged
@@ -36,6 +36,7 @@ def _size(values: Tensor, dims: tuple[int, ...]) -> int:
 
 def _extremum(fn: str, x: Ragged, dim: Dim, keepdim: bool, largest: bool) -> Result:
     x = require_ragged(x, fn)
+    require_ordered(fn, x.dtype)
     axes = reduced_axes(x, dim, fn)
     values = x.values
     if axes is None:
@@ -112,6 +113,7 @@ def amin(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
 
 def _arg(fn: str, x: Ragged, dim: int | None, keepdim: bool, largest: bool) -> Result:
     x = require_ragged(x, fn)
+    require_ordered(fn, x.dtype)
     if dim is None:
         raise fail(
             fn,

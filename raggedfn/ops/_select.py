@@ -17,10 +17,12 @@ import torch
 from torch import Tensor
 
 from .._axes import normalize_axis, sample_axis, values_dim
-from .._errors import describe, fail
+from .._errors import describe, fail, require_ordered, shape_text
 from .._index import coordinates, lengths_of, offsets_of, segment_ids
 from .._layout import Axis, Layout
 from .._ragged import Ragged
+from .._validate import is_tracing
+from ._broadcast import check_equal
 from ._pairs import pairs
 
 __all__ = [
@@ -145,7 +147,7 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
             if x.values.shape[1:] != first.values.shape[1:]:
                 raise fail(
                     fn,
-                    f"xs[{n}] has logical shape {x.shape}, expected the dense sizes of {first.shape}",
+                    f"xs[{n}] has logical shape {shape_text(x.shape)}, expected the dense sizes of {shape_text(first.shape)}",
                 )
         lengths = torch.cat([lengths_of(x.offsets) for x in xs])
         values = torch.cat([x.values for x in xs])
@@ -166,7 +168,8 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
     for n, x in enumerate(xs[1:], 1):
         if x.values.shape[1:] != first.values.shape[1:]:
             raise fail(
-                fn, f"xs[{n}] has logical shape {x.shape}, expected dense sizes of {first.shape}"
+                fn,
+                f"xs[{n}] has logical shape {shape_text(x.shape)}, expected dense sizes of {shape_text(first.shape)}",
             )
         if others and not torch.equal(x.sizes[:, others], first.sizes[:, others]):
             raise fail(
@@ -191,6 +194,27 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
     return Ragged(values[bases.to(row.device)[source] + row], offsets, sizes, first.layout)
 
 
+def _check_bounds(fn: str, dim: int, idx: Tensor, limit: Tensor, segments: Tensor) -> None:
+    """Index values must lie in ``[0, limit)``: eagerly one host read naming the first bad
+    value; while tracing a device-side assertion (an out-of-range read must never happen)."""
+    bad = (idx < 0) | (idx >= limit)
+    if is_tracing(idx):
+        torch._assert_async(
+            ~bad.any(), f"{fn}: index values must lie in [0, size of axis {dim}) of each sample"
+        )
+        return
+    if idx.numel() and bool(bad.any()):
+        row = int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0, 0])
+        value = int(idx[row][bad[row]].reshape(-1)[0])
+        size = int(limit.reshape(limit.shape[0], -1)[row, 0])
+        raise fail(
+            fn,
+            f"expected index values in [0, {size}) along axis {dim} of sample "
+            f"{int(segments[row])}, got {value} (index values must lie in [0, size of axis {dim}) "
+            "of each sample)",
+        )
+
+
 def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Ragged:
     x = _require(fn, "x", x)
     index = _require(fn, "index", index)
@@ -200,12 +224,18 @@ def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Rag
     if index.layout != x.layout or index.batch_size != x.batch_size:
         raise fail(
             fn,
-            f"index must have the layout and batch size of x (logical shape {x.shape}), got "
-            f"logical shape {index.shape}",
+            f"index must have the layout and batch size of x (logical shape {shape_text(x.shape)}), got "
+            f"logical shape {shape_text(index.shape)}",
         )
     others = [j for j in range(x.num_ragged) if not (axis.ragged and j == axis.index)]
-    if others and not torch.equal(index.sizes[:, others], x.sizes[:, others]):
-        raise fail(fn, f"index must match x's ragged sizes except along axis {dim}")
+    if others:
+        check_equal(
+            fn,
+            "sizes",
+            index.sizes[:, others],
+            x.sizes[:, others],
+            f"index must match x's ragged sizes except along axis {dim}",
+        )
     x_dense = tuple(x.values.shape[1:])
     i_dense = list(index.values.shape[1:])
     for j, (si, sx) in enumerate(zip(i_dense, x_dense, strict=True)):
@@ -217,7 +247,7 @@ def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Rag
             raise fail(
                 fn,
                 f"index has size {si} along a dense axis where x has {sx} "
-                f"(x {x.shape}, index {index.shape})",
+                f"(x {shape_text(x.shape)}, index {shape_text(index.shape)})",
             )
     idx = index.values.expand(index.values.shape[0], *i_dense)
     total = idx.shape[0]
@@ -226,8 +256,7 @@ def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Rag
         limit = x.sizes[segments, axis.index].view(-1, *[1] * len(i_dense))
     else:
         limit = torch.full_like(segments, x_dense[axis.index]).view(-1, *[1] * len(i_dense))
-    if idx.numel() and bool(((idx < 0) | (idx >= limit)).any()):
-        raise fail(fn, f"index values must lie in [0, size of axis {dim}) of each sample")
+    _check_bounds(fn, dim, idx, limit, segments)
     view = (-1, *[1] * len(i_dense))
     positions = []
     for j, size in enumerate(i_dense):
@@ -333,7 +362,7 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     if not _ragged_first(x.layout) or not _ragged_first(mask.layout):
         raise fail(
             fn,
-            f"needs the ragged axes first in storage order, got x {x.shape} with layout "
+            f"needs the ragged axes first in storage order, got x {shape_text(x.shape)} with layout "
             f"{x.layout}; permute x (and mask) first",
         )
     total = x.values.shape[0]
@@ -347,8 +376,8 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     if mask.shape != x.shape:
         raise fail(
             fn,
-            f"mask must have the logical shape of x {x.shape} or cover only its ragged axes, "
-            f"got {mask.shape}",
+            f"mask must have the logical shape of x {shape_text(x.shape)} or cover only its ragged axes, "
+            f"got {shape_text(mask.shape)}",
         )
     order = [a.index for a in x.layout.axes[x.num_ragged :]]
     width = math.prod(x.values.shape[1:])
@@ -361,6 +390,7 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
 
 def _sort(fn: str, x: Ragged, dim: int, descending: bool) -> tuple[Ragged, Ragged]:
     x = _require(fn, "x", x)
+    require_ordered(fn, x.dtype)
     axis = sample_axis(x, dim, fn)
     if not axis.ragged:
         values, indices = torch.sort(
@@ -452,6 +482,7 @@ def topk(
     """
     fn = "topk"
     x = _require(fn, "x", x)
+    require_ordered(fn, x.dtype)
     axis = sample_axis(x, dim, fn)
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
         raise fail(fn, f"k must be an int >= 0, got {describe(k)}")

@@ -1,0 +1,129 @@
+"""Invariants of a ``Ragged`` value: structural checks and value checks.
+
+Two levels, by cost:
+
+- :func:`check_structure` reads only types, dtypes, ranks, shapes and devices
+  (no device sync). It runs on every construction of a value, including pytree
+  unflatten and unpickling.
+- :func:`check_partition` reads the partition data: offsets start at 0, never
+  decrease and end at ``T``; sizes are non-negative and their products match
+  the offsets. Eagerly that is a host sync, so it runs only where data comes
+  from outside raggedfn (public constructors, ``raggedfn.check``, unpickling,
+  ``torch.load``), never on values raggedfn itself built. While tracing
+  (``torch.compile``, fake tensors) there is no data to read: the same
+  conditions go into the graph as device-side assertions with the same words.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._errors import describe, fail, shape_text
+from ._index import lengths_of
+from ._layout import Layout
+
+
+def is_tracing(t: Tensor) -> bool:
+    """True under torch.compile, fx or fake-tensor tracing (no data to read)."""
+    if torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing():
+        return True
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
+
+
+def check_structure(fn: str, values: Any, offsets: Any, sizes: Any, layout: Any) -> None:
+    """The invariants readable without the data; raises ``RaggedError``."""
+    if not isinstance(layout, Layout):
+        raise fail(fn, f"expected layout to be a Layout, got {describe(layout)}")
+    for name, leaf in (("values", values), ("offsets", offsets), ("sizes", sizes)):
+        if not isinstance(leaf, Tensor):
+            raise fail(fn, f"expected {name} to be a tensor, got {describe(leaf)}")
+    if offsets.ndim != 1 or offsets.dtype != torch.int64:
+        raise fail(fn, f"expected offsets to be an int64 [B + 1] tensor, got {describe(offsets)}")
+    if offsets.shape[0] < 1:
+        raise fail(fn, "expected offsets to hold at least one entry ([B + 1] with B >= 0), got 0")
+    if sizes.ndim != 2 or sizes.dtype != torch.int64:
+        raise fail(fn, f"expected sizes to be an int64 [B, R] tensor, got {describe(sizes)}")
+    if values.ndim < 1:
+        raise fail(
+            fn, f"expected values with a packed leading axis [T, ...], got {describe(values)}"
+        )
+    if values.ndim - 1 != layout.num_dense:
+        raise fail(
+            fn,
+            f"expected values with {layout.num_dense} dense axes as the layout {layout.code!r} "
+            f"declares, got values of shape {shape_text(values.shape)}",
+        )
+    if sizes.shape[1] != layout.num_ragged:
+        raise fail(
+            fn,
+            f"expected sizes with {layout.num_ragged} columns (one per ragged axis of the layout "
+            f"{layout.code!r}), got sizes of shape {shape_text(sizes.shape)}",
+        )
+    if sizes.shape[0] != offsets.shape[0] - 1:
+        raise fail(
+            fn,
+            f"expected sizes of shape [B, R] with B = len(offsets) - 1 = {offsets.shape[0] - 1}, "
+            f"got sizes of shape {shape_text(sizes.shape)}",
+        )
+    if not (values.device == offsets.device == sizes.device):
+        raise fail(
+            fn,
+            f"expected values, offsets and sizes on one device, got {values.device}, "
+            f"{offsets.device} and {sizes.device}",
+        )
+
+
+def check_partition(fn: str, values: Tensor, offsets: Tensor, sizes: Tensor) -> None:
+    """Value checks on a partition (host sync eagerly; graph assertions while tracing).
+
+    Call :func:`check_structure` first: this assumes the shapes and dtypes hold.
+    """
+    total = values.shape[0]
+    steps = lengths_of(offsets)
+    if is_tracing(offsets) or is_tracing(sizes):
+        _assert_partition(fn, total, offsets, steps, sizes)
+        return
+    if int(offsets[0]) != 0:
+        raise fail(fn, f"offsets must start at 0, got offsets[0] = {int(offsets[0])}")
+    if bool((steps < 0).any()):
+        bad = int((steps < 0).nonzero()[0, 0])
+        raise fail(
+            fn,
+            f"offsets must never decrease, got offsets[{bad}] = {int(offsets[bad])} > "
+            f"offsets[{bad + 1}] = {int(offsets[bad + 1])}",
+        )
+    if int(offsets[-1]) != total:
+        raise fail(
+            fn,
+            f"offsets must end at values.shape[0] = {total}, got offsets[-1] = {int(offsets[-1])}",
+        )
+    if bool((sizes < 0).any()):
+        bad = int((sizes < 0).any(dim=1).nonzero()[0, 0])
+        raise fail(fn, f"sizes must be non-negative, got sizes[{bad}] = {sizes[bad].tolist()}")
+    # float64 products cannot wrap around like int64 ones (exact below 2**53)
+    counts = sizes.to(torch.float64).prod(dim=1)
+    if not torch.equal(counts, steps.to(torch.float64)):
+        bad = int((counts != steps).nonzero()[0, 0])
+        raise fail(
+            fn,
+            f"sample {bad} has sizes {sizes[bad].tolist()} (product {int(counts[bad])}) but "
+            f"offsets give it {int(steps[bad])} rows",
+        )
+
+
+def _assert_partition(fn: str, total: Any, offsets: Tensor, steps: Tensor, sizes: Tensor) -> None:
+    """:func:`check_partition` as device-side assertions (no sync; raise when the graph runs)."""
+    torch._assert_async(offsets[0] == 0, f"{fn}: offsets must start at 0")
+    torch._assert_async((steps >= 0).all(), f"{fn}: offsets must never decrease")
+    torch._assert_async(offsets[-1] == total, f"{fn}: offsets must end at values.shape[0]")
+    torch._assert_async((sizes >= 0).all(), f"{fn}: sizes must be non-negative")
+    counts = sizes.to(torch.float64).prod(dim=1)
+    torch._assert_async(
+        (counts == steps.to(torch.float64)).all(),
+        f"{fn}: a sample's sizes (their product) disagree with the rows offsets give it",
+    )
