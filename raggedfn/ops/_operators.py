@@ -30,21 +30,15 @@ from ._products import matmul, matmul_mismatch
 __all__: list[str] = []
 
 
-def _forward(name: str, op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+def _method(name: str, op: Callable[[Any, Any], Any], reflected: bool) -> Callable[[Any, Any], Any]:
+    """``op(self, other)``, or ``op(other, self)`` for a reflected operator."""
+
     def method(self: Ragged, other: Any) -> Any:
-        return op(self, other)
+        return op(other, self) if reflected else op(self, other)
 
     method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"``raggedfn.{op.__name__}(self, other)``."
-    return method
-
-
-def _reflected(name: str, op: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    def method(self: Ragged, other: Any) -> Any:
-        return op(other, self)
-
-    method.__name__ = method.__qualname__ = name
-    method.__doc__ = f"``raggedfn.{op.__name__}(other, self)``."
+    operands = "other, self" if reflected else "self, other"
+    method.__doc__ = f"``raggedfn.{op.__name__}({operands})``."
     return method
 
 
@@ -67,10 +61,10 @@ _COMPARISONS: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 for _name, _op in _BINARY.items():
-    setattr(Ragged, f"__{_name}__", _forward(f"Ragged.__{_name}__", _op))
-    setattr(Ragged, f"__r{_name}__", _reflected(f"Ragged.__r{_name}__", _op))
+    setattr(Ragged, f"__{_name}__", _method(f"Ragged.__{_name}__", _op, reflected=False))
+    setattr(Ragged, f"__r{_name}__", _method(f"Ragged.__r{_name}__", _op, reflected=True))
 for _name, _op in _COMPARISONS.items():
-    setattr(Ragged, f"__{_name}__", _forward(f"Ragged.__{_name}__", _op))
+    setattr(Ragged, f"__{_name}__", _method(f"Ragged.__{_name}__", _op, reflected=False))
 Ragged.__neg__ = ew.neg  # type: ignore[method-assign]
 Ragged.__abs__ = ew.abs  # type: ignore[method-assign]
 
