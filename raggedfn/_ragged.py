@@ -60,6 +60,10 @@ class Ragged:
         object.__setattr__(obj, "layout", layout)
         return obj
 
+    def __copy__(self) -> Ragged:
+        """The value itself: it is immutable (and a copy must not re-validate)."""
+        return self
+
     def __setstate__(self, state: Any) -> None:
         """Unpickling (``torch.load``, ``pickle``, ``copy.deepcopy``, worker queues).
 

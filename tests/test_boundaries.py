@@ -226,6 +226,13 @@ def test_crafted_files_and_copies_are_refused(parts, message, load):
             copy.deepcopy(bad)
 
 
+def test_a_shallow_copy_is_the_value_itself():
+    x = tokens()
+    assert copy.copy(x) is x  # immutable: nothing to copy, nothing to re-check
+    deep = copy.deepcopy(x)  # new tensors, checked like any unpickled value
+    assert same(deep, x) and deep.values is not x.values
+
+
 def test_a_crafted_file_would_otherwise_give_a_silently_wrong_sum():
     """Why the load check matters: the partition is what every op trusts."""
     values = torch.arange(7.0).unsqueeze(1)

@@ -332,3 +332,41 @@ def test_torch_functions_still_refuse_ragged_values():
         torch.sum(x)  # type: ignore[call-overload]
     with pytest.raises(TypeError):
         torch.nn.functional.relu(x)  # type: ignore[arg-type]
+
+
+MORE_TRACE_ERRORS = [
+    (
+        lambda x: raggedfn.cat([x, raggedfn.transpose(x, 1, 2)], 1).values,
+        r"cat: xs\[1\] has layout Layout\('d0 r0'\), expected Layout\('r0 d0'\) like xs\[0\]",
+    ),
+    (
+        lambda x: raggedfn.einsum("bnd,bmd->bnx", x, x),
+        r"einsum: equation 'bnd,bmd->bnx': expected every output subscript in an operand, got "
+        r"\['x'\] only in the output",
+    ),
+    (
+        lambda x: raggedfn.layer_norm(x, 5).values,
+        r"layer_norm: normalized_shape \(5,\) must equal the trailing axes of logical shape "
+        r"\(N\*, 4\)",
+    ),
+    (lambda x: raggedfn.unsqueeze(x, 7).values, r"unsqueeze: dim 7 is out of range"),
+    (lambda x: x[0, 1], r"Ragged.__getitem__: multi-axis indexing \(0, 1\) is not supported"),
+]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize(("f", "pattern"), MORE_TRACE_ERRORS)
+def test_more_trace_time_errors_name_the_problem(f, pattern, dynamic):
+    both_refuse(f, (tokens([3, 4]),), pattern, dynamic=dynamic)
+
+
+def test_cat_along_a_dense_axis_checks_partitions_in_the_graph():
+    def f(a, b):
+        return raggedfn.cat([a, b], 2).values
+
+    _compiled_then_bad(
+        f,
+        (tokens([3, 4, 2]), tokens([3, 4, 2], seed=1)),
+        (tokens([3, 4, 2]), tokens([4, 3, 2], seed=1)),
+        r"cat: operands have different partitions",
+    )

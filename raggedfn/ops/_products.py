@@ -51,6 +51,13 @@ def _parse(fn: str, equation: str, count: int) -> tuple[list[str], str]:
                 f"equation {equation!r}: subscripts must be distinct letters per operand, "
                 f"got {sub!r}",
             )
+    missing = sorted(set(rhs) - set("".join(inputs)))
+    if missing:
+        raise fail(
+            fn,
+            f"equation {equation!r}: expected every output subscript in an operand, got "
+            f"{missing} only in the output",
+        )
     return inputs, rhs
 
 

@@ -140,7 +140,11 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
     first = xs[0]
     for n, x in enumerate(xs[1:], 1):
         if x.layout != first.layout:
-            raise fail(fn, f"xs[{n}] has layout {x.layout}, expected {first.layout} like xs[0]")
+            raise fail(
+                fn,
+                f"xs[{n}] has layout Layout({x.layout.code!r}), expected "
+                f"Layout({first.layout.code!r}) like xs[0]",
+            )
     dim = normalize_axis(first, dim, fn)
     if dim == 0:
         for n, x in enumerate(xs[1:], 1):
@@ -159,8 +163,9 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
             raise fail(fn, f"xs[{n}] has {x.batch_size} samples, expected {first.batch_size}")
     if not axis.ragged:
         for n, x in enumerate(xs[1:], 1):
-            if not torch.equal(x.sizes, first.sizes):
-                raise fail(fn, f"xs[{n}] has another partition than xs[0] (sizes differ)")
+            check_equal(
+                fn, "sizes", x.sizes, first.sizes, f"xs[{n}] has another partition than xs[0]"
+            )
         values = torch.cat([x.values for x in xs], dim=values_dim(axis))
         return Ragged(values, first.offsets, first.sizes, first.layout)
     k = axis.index
@@ -171,9 +176,13 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
                 fn,
                 f"xs[{n}] has logical shape {shape_text(x.shape)}, expected dense sizes of {shape_text(first.shape)}",
             )
-        if others and not torch.equal(x.sizes[:, others], first.sizes[:, others]):
-            raise fail(
-                fn, f"xs[{n}] differs from xs[0] in the sizes of ragged axes other than {dim}"
+        if others:
+            check_equal(
+                fn,
+                "sizes",
+                x.sizes[:, others],
+                first.sizes[:, others],
+                f"xs[{n}] differs from xs[0] in the sizes of ragged axes other than {dim}",
             )
     along = torch.stack([x.sizes[:, k] for x in xs])  # [J, B]
     ends = torch.cumsum(along, 0)
@@ -357,13 +366,14 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     mask = _require(fn, "mask", mask)
     if mask.dtype != torch.bool:
         raise fail(fn, f"mask must be a boolean Ragged value, got dtype {mask.dtype}")
-    if mask.batch_size != x.batch_size or not torch.equal(mask.sizes, x.sizes):
-        raise fail(fn, f"mask must have the partition of x, got sizes {mask.sizes.tolist()}")
+    if mask.batch_size != x.batch_size:
+        raise fail(fn, f"mask must have the partition of x, got {mask.batch_size} samples")
+    check_equal(fn, "sizes", mask.sizes, x.sizes, "mask must have the partition of x")
     if not _ragged_first(x.layout) or not _ragged_first(mask.layout):
         raise fail(
             fn,
             f"needs the ragged axes first in storage order, got x {shape_text(x.shape)} with layout "
-            f"{x.layout}; permute x (and mask) first",
+            f"Layout({x.layout.code!r}); permute x (and mask) first",
         )
     total = x.values.shape[0]
     segments = segment_ids(x.offsets, total)
