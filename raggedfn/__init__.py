@@ -1,5 +1,7 @@
 """raggedfn: pure-functional ragged tensors for PyTorch."""
 
+from . import data as data
+from . import distributed as distributed
 from ._construct import (
     check,
     cu_seqlens,

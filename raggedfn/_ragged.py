@@ -162,20 +162,9 @@ class Ragged:
             layout = Layout.standard(layout.num_ragged, values.ndim - 1)
         return Ragged(values, self.offsets, self.sizes, layout)
 
-    def to(self, *args: Any, **kwargs: Any) -> Ragged:
-        """Like ``Tensor.to``: the dtype applies to values, the device to everything."""
-        values = self.values.to(*args, **kwargs)
-        offsets = self.offsets.to(device=values.device)
-        sizes = self.sizes.to(device=values.device)
-        return Ragged(values, offsets, sizes, self.layout)
-
     def detach(self) -> Ragged:
         """The same value with ``values`` detached from the autograd graph."""
         return Ragged(self.values.detach(), self.offsets, self.sizes, self.layout)
-
-    def cpu(self) -> Ragged:
-        """``self.to("cpu")``."""
-        return self.to("cpu")
 
     def double(self) -> Ragged:
         """``values`` as float64."""
@@ -184,6 +173,65 @@ class Ragged:
     def float(self) -> Ragged:
         """``values`` as float32."""
         return self.to(torch.float32)
+
+    # ----- devices: every tensor of the value moves, with the same flags ------
+    def to(self, *args: Any, **kwargs: Any) -> Ragged:
+        """Like ``Tensor.to``: a dtype applies to ``values``; the device, ``non_blocking``
+        and ``copy`` apply to ``values``, ``offsets`` and ``sizes`` alike.
+
+        Takes every form of ``Tensor.to`` (``to(device, dtype, non_blocking=...)``,
+        ``to(dtype)``, ``to(other)``); ``other`` may also be a ``Ragged``.
+
+        Example:
+            >>> import torch, raggedfn
+            >>> x = raggedfn.from_list([torch.ones(2), torch.ones(3)])
+            >>> y = x.to("cpu", torch.float64, non_blocking=True)
+            >>> y.dtype, y.offsets.dtype, y.device
+            (torch.float64, torch.int64, device(type='cpu'))
+        """
+        if args and isinstance(args[0], Ragged):
+            args = (args[0].values, *args[1:])
+        values = self.values.to(*args, **kwargs)
+        # Tensor.to's positional flags are the bools after the device/dtype/other:
+        # the first is non_blocking, the second copy
+        flags = [a for a in args if isinstance(a, bool)]
+        non_blocking = bool(kwargs.get("non_blocking", flags[0] if flags else False))
+        copy = bool(kwargs.get("copy", flags[1] if len(flags) > 1 else False))
+        return self._partitions_to(values, non_blocking, copy)
+
+    def cuda(self, device: Any = None, non_blocking: bool = False) -> Ragged:
+        """Like ``Tensor.cuda``: every tensor of the value to a CUDA device."""
+        values = self.values.cuda(device, non_blocking=non_blocking)
+        return self._partitions_to(values, non_blocking, False)
+
+    def cpu(self) -> Ragged:
+        """Like ``Tensor.cpu``: every tensor of the value to host memory."""
+        return self.to("cpu")
+
+    def pin_memory(self) -> Ragged:
+        """Like ``Tensor.pin_memory``: every tensor copied to page-locked host memory,
+        so that ``to(device, non_blocking=True)`` overlaps the copy with compute.
+
+        The DataLoader's pin-memory thread calls this (also inside dicts, lists and
+        tuples). Without an accelerator torch cannot pin and raises ``RuntimeError``,
+        as ``Tensor.pin_memory`` does.
+        """
+        return Ragged(
+            self.values.pin_memory(),
+            self.offsets.pin_memory(),
+            self.sizes.pin_memory(),
+            self.layout,
+        )
+
+    def is_pinned(self) -> bool:
+        """Whether ``values``, ``offsets`` and ``sizes`` are all in pinned memory."""
+        return all(t.is_pinned() for t in (self.values, self.offsets, self.sizes))
+
+    def _partitions_to(self, values: Tensor, non_blocking: bool, copy: bool) -> Ragged:
+        device = values.device
+        offsets = self.offsets.to(device, non_blocking=non_blocking, copy=copy)
+        sizes = self.sizes.to(device, non_blocking=non_blocking, copy=copy)
+        return Ragged(values, offsets, sizes, self.layout)
 
     # ----- indexing ---------------------------------------------------------
     def __getitem__(self, index: Any) -> Any:

@@ -1,0 +1,64 @@
+"""A differentiable ``all_to_all_single`` with uneven splits (for ``raggedfn.distributed``).
+
+``torch.distributed.nn.functional.all_to_all_single`` is deprecated in torch 2.13
+(it warns), and the functional collective's autograd is registered with
+``torch.library.register_autograd``, which ``torch.func.grad`` refuses (see
+REFERENCES.md). So the rule lives here, in the form ``torch.func`` accepts.
+The backward is the reverse exchange (splits swapped), built from this same
+primitive, so it is differentiable again; the ``jvp`` exchanges the tangent like
+the primal. No vmap rule: a collective cannot run once per vmapped slice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def all_to_all_single(
+    values: Tensor, output_splits: list[int], input_splits: list[int], group: Any = None
+) -> Tensor:
+    """Rows ``values[sum(input_splits[:r]) : ...]`` go to rank ``r``; the rows received
+    from every rank are concatenated in rank order.
+
+    Args:
+        values: ``[sum(input_splits), *rest]``.
+        output_splits: rows received from each rank (Python ints).
+        input_splits: rows sent to each rank (Python ints).
+        group: the process group (``None``: the default group).
+
+    Returns:
+        ``[sum(output_splits), *rest]``.
+    """
+    out: Tensor = _AllToAll.apply(values, tuple(output_splits), tuple(input_splits), group)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        values: Tensor, output_splits: tuple[int, ...], input_splits: tuple[int, ...], group: Any
+    ) -> Tensor:
+        out = values.new_empty((sum(output_splits), *values.shape[1:]))
+        dist.all_to_all_single(
+            out, values.contiguous(), list(output_splits), list(input_splits), group=group
+        )
+        return out
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _, ctx.output_splits, ctx.input_splits, ctx.group = inputs
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        back = all_to_all_single(grad, list(ctx.input_splits), list(ctx.output_splits), ctx.group)
+        return back, None, None, None
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, *_: Any) -> Tensor:
+        return all_to_all_single(
+            tangent, list(ctx.output_splits), list(ctx.input_splits), ctx.group
+        )
