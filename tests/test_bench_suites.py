@@ -154,3 +154,16 @@ def _danling_missing() -> bool:
     except ImportError:
         return True
     return False
+
+
+def test_distributed_sampler_rows_and_report() -> None:
+    from benchmarks import distributed
+
+    rows = distributed.sampler_rows(3000, budgets=(1024,), replicas=(1, 4))
+    assert [r["num_replicas"] for r in rows] == [1, 4]
+    assert all(r["equal_batch_counts"] and 0.9 <= r["fill_mean"] <= 1.0 for r in rows)
+    assert rows[0]["rank_spread"] == 0.0 and rows[1]["rank_spread"] <= 0.1
+    collective = {"samples": 8, "dim": 4, "bytes_per_rank": 2**20, "ragged_ms": 2.0}
+    collective |= {"single_ms": 1.0, "ratio": 2.0, "latency_ms": 0.5}
+    text = distributed.markdown({"sampler": rows, "collectives": [collective]})
+    assert "| 1024 | 4 |" in text and "| 8 | 4 | 1.00 | 2.000 | 1.000 | 2.00x | 0.500 |" in text

@@ -1,12 +1,15 @@
 """Exchanging samples of ``Ragged`` values between ranks: ``all_gather`` and ``all_to_all``.
 
 Both are one plan: every rank sends a run of consecutive samples to every rank.
-Three ``all_to_all_single`` calls carry it out: a fixed-size header (samples and
+Two ``all_to_all_single`` calls carry it out: a fixed-size header (samples and
 packed rows per destination, a fingerprint of layout / dense shape / dtype, an
-error flag), then the ``[B, R]`` sizes, then the packed values, once, with uneven
-splits. Only the values exchange is differentiable; its backward is the reverse
-exchange. Every rank checks every header, so bad input on one rank raises a
-``RaggedError`` on all ranks instead of leaving the others waiting.
+error flag, and the samples' ``[b, R]`` sizes inline), then the packed values,
+once, with uneven splits. A batch with more sizes than the header holds
+(``_INLINE_SIZES`` entries per rank over all destinations) exchanges them in a
+third call before the values. Only the values exchange is differentiable; its
+backward is the reverse exchange. Every rank checks every header, so bad input on
+one rank raises a ``RaggedError`` on all ranks instead of leaving the others
+waiting.
 """
 
 from __future__ import annotations
@@ -25,8 +28,13 @@ from .._index import offsets_of
 from .._prims._collective import all_to_all_single
 from .._ragged import Ragged
 
-# header columns
-_SAMPLES, _ROWS, _FINGERPRINT, _ERROR = range(4)
+# header columns: samples and packed rows sent to that rank, the fingerprint, whether
+# this rank's input is bad, whether its sizes overflow the header; then inline sizes
+_SAMPLES, _ROWS, _FINGERPRINT, _ERROR, _OVERFLOW = range(5)
+_META = 5
+# sizes entries a rank sends inline in the header, over all destinations; batches with
+# more go in an exchange of their own
+_INLINE_SIZES = 4096
 
 
 def all_gather(x: Ragged, group: Any = None) -> Ragged:
@@ -147,14 +155,23 @@ def _exchange(
     group: Any,
 ) -> Ragged:
     world = dist.get_world_size(group)
-    device = x.values.device
-    header = torch.tensor(
-        [[samples_to[r], rows_to[r], _fingerprint(x), problem is not None] for r in range(world)],
-        dtype=torch.int64,
-    ).to(device)
+    num_ragged = x.layout.num_ragged
+    capacity = max(8, _INLINE_SIZES // world)  # sizes entries per destination in the header
+    overflow = problem is None and any(n * num_ragged > capacity for n in samples_to)
+    meta = [
+        [samples_to[r], rows_to[r], _fingerprint(x), problem is not None, overflow]
+        for r in range(world)
+    ]
+    header = torch.zeros(world, _META + capacity, dtype=torch.int64, device=x.device)
+    header[:, :_META] = torch.tensor(meta, dtype=torch.int64)
+    starts = list(itertools.accumulate(samples_to, initial=0))
+    if problem is None and not overflow:
+        for r in range(world):
+            block = sizes[starts[r] : starts[r + 1]].reshape(-1)
+            header[r, _META : _META + block.shape[0]] = block
     received = torch.empty_like(header)
     dist.all_to_all_single(received, header, group=group)
-    heard = received.tolist()
+    heard = received[:, :_META].tolist()
     if problem is not None:
         raise fail(fn, problem)
     failed = [r for r in range(world) if heard[r][_ERROR]]
@@ -171,8 +188,12 @@ def _exchange(
         )
     samples_from = [h[_SAMPLES] for h in heard]
     rows_from = [h[_ROWS] for h in heard]
-    got_sizes = sizes.new_empty((sum(samples_from), sizes.shape[1]))
-    dist.all_to_all_single(got_sizes, sizes.contiguous(), samples_from, samples_to, group=group)
+    if any(h[_OVERFLOW] for h in heard):  # every rank sees the same flags: all exchange
+        got_sizes = sizes.new_empty((sum(samples_from), num_ragged))
+        dist.all_to_all_single(got_sizes, sizes.contiguous(), samples_from, samples_to, group=group)
+    else:
+        blocks = [received[r, _META : _META + n * num_ragged] for r, n in enumerate(samples_from)]
+        got_sizes = torch.cat(blocks).reshape(-1, num_ragged)
     got_values = all_to_all_single(values, rows_from, rows_to, group)
     offsets = offsets_of(got_sizes.prod(dim=1))
     return Ragged(got_values, offsets, got_sizes, x.layout)
