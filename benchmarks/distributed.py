@@ -1,6 +1,6 @@
 """Token-budget batches and ragged collectives: ``python -m benchmarks.distributed [--quick]``.
 
-Two measurements, written to ``benchmarks/results/distributed[-quick].json`` with a
+Two measurements, written to ``benchmarks/results/distributed/distributed[-quick].json`` with a
 markdown table next to it (and a PNG plot when matplotlib is installed):
 
 - ``TokenBudgetBatchSampler`` on 100k lognormal lengths (the harness's
@@ -38,7 +38,8 @@ import raggedfn
 from benchmarks.harness import DISTRIBUTIONS, machine, write_json
 from raggedfn.data._sampler import plan_batches
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# a folder of its own: benchmarks/results/*.json are harness suite records
+RESULTS = Path(__file__).resolve().parent / "results" / "distributed"
 WORLD = 2
 TARGET = 1.2
 
