@@ -62,7 +62,9 @@ def test_gat_layer_equals_a_dense_per_graph_reference(self_loops):
     x = batch.x.clone().requires_grad_()
     got = conv(x, edges)
     x_ref = batch.x.clone().requires_grad_()
-    want = per_graph_reference(conv, gat.GraphBatch(x_ref, batch.edge_index, batch.batch, batch.ptr, batch.y), self_loops)
+    want = per_graph_reference(
+        conv, gat.GraphBatch(x_ref, batch.edge_index, batch.batch, batch.ptr, batch.y), self_loops
+    )
     torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
     cotangent = torch.randn_like(got)
     grads = torch.autograd.grad(got, [x, *conv.parameters()], cotangent)
