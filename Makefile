@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test lint bench bench-quick clean
+.PHONY: demo test lint docs bench bench-quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ $(VENV)/.installed-examples: pyproject.toml constraints.txt | $(PY)
 
 $(VENV)/.installed-test: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-docs: pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[docs]'
 	touch $@
 
 $(VENV)/.installed-bench: pyproject.toml constraints.txt | $(PY)
@@ -37,6 +41,10 @@ lint: $(VENV)/.installed-test
 	$(PY) -m ruff format --check raggedfn tests property_tests benchmarks examples
 	$(PY) -m mypy raggedfn
 
+# the site (API reference from the docstrings) into site/; warnings are errors
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 # one thread by default: two threads on the shared 2-core machine are noisy
 # (docs/benchmarks.md); `make bench BENCH_THREADS=2` to override
 BENCH_THREADS ?= 1
@@ -48,4 +56,4 @@ bench-quick: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.run --quick --threads $(BENCH_THREADS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

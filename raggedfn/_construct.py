@@ -128,7 +128,7 @@ def check(x: Ragged) -> Ragged:
     ``torch.compile`` the same checks become device-side assertions that raise
     ``RuntimeError`` with the same words when the graph runs.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.zeros(5, 2), torch.tensor([2, 3]))
         >>> raggedfn.check(x) is x
@@ -155,7 +155,7 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
         ``Ragged`` of logical shape ``(B, *sample shape)`` with the ragged axes
         marked ``None``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> pairs = raggedfn.from_list([torch.zeros(2, 2, 4), torch.zeros(3, 3, 4)], ragged_dims=(1, 2))
         >>> pairs.shape, pairs.sizes.tolist(), pairs.values.shape
@@ -215,7 +215,7 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
 def from_offsets(values: Tensor, offsets: Any) -> Ragged:
     """One ragged axis from packed ``values [T, *dense]`` and ``offsets [B + 1]``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> raggedfn.from_offsets(torch.arange(5.0), torch.tensor([0, 2, 5])).lengths.tolist()
         [2, 3]
@@ -234,7 +234,7 @@ def from_offsets(values: Tensor, offsets: Any) -> Ragged:
 def from_lengths(values: Tensor, lengths: Any) -> Ragged:
     """One ragged axis from packed ``values [T, *dense]`` and ``lengths [B]``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> raggedfn.from_lengths(torch.arange(5.0), torch.tensor([2, 0, 3])).offsets.tolist()
         [0, 2, 2, 5]
@@ -262,7 +262,7 @@ def from_sizes(
     order of ``sizes``' columns. ``ragged_dims`` (default ``(1, ..., R)``) places
     them among the logical axes; dense axes fill the rest in storage order.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_sizes(torch.zeros(13, 4), torch.tensor([[2, 2], [3, 3]]))
         >>> x.shape, x.offsets.tolist()
@@ -329,7 +329,7 @@ def from_padded(
             float mask, an integer mask with values other than 0 and 1, or a mask
             with several ragged axes.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_padded(torch.arange(6.0).reshape(2, 3), torch.tensor([1, 3]))
         >>> x.values.tolist()
@@ -407,7 +407,7 @@ def to_padded(x: Ragged, fill: float = 0.0, shape: Sequence[int] | None = None) 
         shape: the padded shape to produce (logical order, batch first); each
             ragged extent must be at least the largest sample's.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0]), torch.tensor([2.0, 3.0])])
         >>> raggedfn.to_padded(x, fill=-1.0).tolist()
@@ -453,7 +453,7 @@ def to_padded(x: Ragged, fill: float = 0.0, shape: Sequence[int] | None = None) 
 def mask(x: Ragged) -> Tensor:
     """Bool ``[B, *max ragged sizes]`` (ragged axes in logical order), True on real elements.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> raggedfn.mask(raggedfn.from_lengths(torch.zeros(3), torch.tensor([1, 2]))).tolist()
         [[True, False], [True, True]]
@@ -474,7 +474,7 @@ def mask(x: Ragged) -> Tensor:
 def unbind(x: Ragged) -> tuple[Tensor, ...]:
     """Per-sample tensors in logical axis order (views of ``values`` where possible).
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> [t.shape for t in raggedfn.unbind(raggedfn.from_lengths(torch.zeros(3, 2), [1, 2]))]
         [torch.Size([1, 2]), torch.Size([2, 2])]
@@ -513,7 +513,7 @@ def _dense_in_order(x: Ragged) -> Tensor:
 def cu_seqlens(x: Ragged) -> tuple[Tensor, int]:
     """``(int32 [B + 1] cumulative lengths, max length)`` as varlen attention kernels take them.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> raggedfn.cu_seqlens(raggedfn.from_lengths(torch.zeros(5), [2, 3]))
         (tensor([0, 2, 5], dtype=torch.int32), 3)
@@ -533,7 +533,7 @@ def to_nested(x: Ragged) -> Tensor:
     Returns:
         A jagged nested tensor of shape ``(B, j, ...)`` whose ``values()`` is ``x.values``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.zeros(5, 2), [2, 3])
         >>> njt = raggedfn.to_nested(x)
@@ -561,7 +561,7 @@ def from_nested(njt: Tensor) -> Ragged:
     Returns:
         ``Ragged`` of logical shape ``(B, N*, ...)`` with ``values`` = ``njt.values()``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> njt = torch.nested.nested_tensor_from_jagged(torch.zeros(5, 2), torch.tensor([0, 2, 5]))
         >>> raggedfn.from_nested(njt).lengths.tolist()

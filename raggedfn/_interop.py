@@ -82,7 +82,7 @@ def segment_ids(x: Ragged) -> Tensor:
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.zeros(5, 8), [2, 0, 3])
         >>> raggedfn.segment_ids(x)
@@ -118,7 +118,7 @@ def positions(x: Ragged, dim: int | None = None) -> Ragged:
         RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is missing while ``x``
             has several ragged axes, is out of range, or names a dense axis.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.zeros(5, 8), [2, 3])
         >>> pos = raggedfn.positions(x)

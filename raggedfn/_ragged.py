@@ -35,7 +35,7 @@ class Ragged:
     which validate user data. The dataclass constructor runs only cheap
     structural checks.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
         >>> x.shape, x.batch_size, x.lengths.tolist()

@@ -271,7 +271,7 @@ def map(f: Callable[..., Any], *args: Any, in_dims: Any = 0, strict: bool = Fals
     Returns:
         The outputs of ``f`` for all samples, with ``f``'s pytree structure.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
         >>> w = torch.ones(3, 5)
@@ -286,14 +286,16 @@ def map_report(f: Callable[..., Any], *args: Any, in_dims: Any = 0) -> MapReport
     """Run ``map(f, *args, in_dims=in_dims)`` and report how each op ran.
 
     Args:
-        f, *args, in_dims: as for :func:`map`.
+        f: the per-sample function, as for :func:`map`.
+        *args: its arguments, as for :func:`map`.
+        in_dims: as for :func:`map`.
 
     Returns:
         A :class:`MapReport`: ops that ran batched, ops that ran per sample
         (with the reason), guards of the trace, whether the whole function fell
         back to the per-sample loop, and the trace time. ``str(report)`` reads well.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
         >>> report = raggedfn.map_report(lambda t: t.relu().sum(0), x)

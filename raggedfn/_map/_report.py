@@ -19,7 +19,7 @@ class MapReport:
         trace_seconds: time spent tracing this signature (when it was traced).
         output: the result of the call.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
         >>> report = raggedfn.map_report(lambda t: torch.flip(t, [0]).sum(0), x)

@@ -253,7 +253,7 @@ def attention(
         empty key sequence) gives zeros, as torch's SDPA does on that sample
         alone, and a zero gradient.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> q = raggedfn.from_list([torch.randn(3, 2, 8), torch.randn(5, 2, 8)])
         >>> out = raggedfn.attention(q, q, q, causal=True)

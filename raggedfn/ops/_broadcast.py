@@ -279,7 +279,7 @@ def broadcast_tensors(*xs: Any) -> tuple[Ragged, ...]:
     Returns:
         One ``Ragged`` per operand, all of the same logical shape and partition.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(1, 3)])
         >>> a, b = raggedfn.broadcast_tensors(raggedfn.unsqueeze(x, 2), raggedfn.unsqueeze(x, 1))

@@ -33,7 +33,7 @@ def mark_dynamic(*trees: Any) -> None:
     Args:
         trees: ``Ragged`` values or pytrees holding them; other leaves are ignored.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.zeros(5, 2), [2, 3])
         >>> raggedfn.mark_dynamic(x)  # then call a torch.compile'd function on x

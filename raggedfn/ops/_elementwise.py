@@ -91,12 +91,13 @@ def add(x: Any, y: Any) -> Any:
     """``x + y`` elementwise (see the module docstring for operands).
 
     Args:
-        x, y: ``Ragged`` values, numbers or broadcastable tensors (one ``Ragged`` at least).
+        x: ``Ragged`` values, numbers or broadcastable tensors (one ``Ragged`` at least).
+        y: the other operand, like ``x``.
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(1, 3)])
         >>> raggedfn.add(x, torch.arange(3.0)).values.tolist()
@@ -109,12 +110,13 @@ def sub(x: Any, y: Any) -> Any:
     """``x - y`` elementwise.
 
     Args:
-        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.tensor([1.0, 2.0, 3.0]), [1, 2])
         >>> (2 - x).values.tolist()
@@ -127,12 +129,13 @@ def mul(x: Any, y: Any) -> Any:
     """``x * y`` elementwise.
 
     Args:
-        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.tensor([1.0, 2.0, 3.0]), [1, 2])
         >>> raggedfn.mul(x, torch.tensor([[10.0], [100.0]])).values.tolist()
@@ -145,12 +148,13 @@ def div(x: Any, y: Any) -> Any:
     """``x / y`` elementwise (true division).
 
     Args:
-        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1.0, 2.0]), [2]) / 2).values.tolist()
         [0.5, 1.0]
@@ -162,12 +166,13 @@ def pow(x: Any, y: Any) -> Any:
     """``x ** y`` elementwise.
 
     Args:
-        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1.0, 3.0]), [2]) ** 2).values.tolist()
         [1.0, 9.0]
@@ -179,12 +184,13 @@ def floor_divide(x: Any, y: Any) -> Any:
     """``x // y`` elementwise (rounds toward negative infinity, like torch).
 
     Args:
-        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([7, -7]), [2]) // 2).values.tolist()
         [3, -4]
@@ -195,7 +201,7 @@ def floor_divide(x: Any, y: Any) -> Any:
 def eq(x: Any, y: Any) -> Any:
     """``x == y`` elementwise, a bool ``Ragged``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) == 2).values.tolist()
         [False, True]
@@ -206,7 +212,7 @@ def eq(x: Any, y: Any) -> Any:
 def ne(x: Any, y: Any) -> Any:
     """``x != y`` elementwise, a bool ``Ragged``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) != 2).values.tolist()
         [True, False]
@@ -217,7 +223,7 @@ def ne(x: Any, y: Any) -> Any:
 def lt(x: Any, y: Any) -> Any:
     """``x < y`` elementwise, a bool ``Ragged``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) < 2).values.tolist()
         [True, False]
@@ -229,7 +235,7 @@ def lt(x: Any, y: Any) -> Any:
 def le(x: Any, y: Any) -> Any:
     """``x <= y`` elementwise, a bool ``Ragged``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) <= 1).values.tolist()
         [True, False]
@@ -241,7 +247,7 @@ def le(x: Any, y: Any) -> Any:
 def gt(x: Any, y: Any) -> Any:
     """``x > y`` elementwise, a bool ``Ragged``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) > 1).values.tolist()
         [False, True]
@@ -253,7 +259,7 @@ def gt(x: Any, y: Any) -> Any:
 def ge(x: Any, y: Any) -> Any:
     """``x >= y`` elementwise, a bool ``Ragged``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) >= 2).values.tolist()
         [False, True]
@@ -265,7 +271,7 @@ def ge(x: Any, y: Any) -> Any:
 def neg(x: Any) -> Any:
     """``-x`` elementwise.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> (-raggedfn.from_lengths(torch.tensor([1.0, -2.0]), [2])).values.tolist()
         [-1.0, 2.0]
@@ -276,7 +282,7 @@ def neg(x: Any) -> Any:
 def abs(x: Any) -> Any:
     """``|x|`` elementwise.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> raggedfn.abs(raggedfn.from_lengths(torch.tensor([1.0, -2.0]), [2])).values.tolist()
         [1.0, 2.0]
@@ -289,12 +295,13 @@ def where(condition: Any, x: Any, y: Any) -> Ragged:
 
     Args:
         condition: a bool ``Ragged`` or a bool tensor broadcasting like any operand.
-        x, y: ``Ragged`` values, numbers or broadcastable tensors.
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.tensor([1.0, -2.0, 3.0]), [1, 2])
         >>> raggedfn.where(x > 0, x, 0.0).values.tolist()
@@ -327,12 +334,13 @@ def apply(fn: Callable[..., Tensor], x: Ragged, *args: Any, **kwargs: Any) -> Ra
     Args:
         fn: the function to apply.
         x: a ``Ragged`` value.
-        args, kwargs: passed on to ``fn`` unchanged.
+        *args: further positional arguments of ``fn``, passed on unchanged.
+        **kwargs: keyword arguments of ``fn``, passed on unchanged.
 
     Returns:
         ``Ragged`` with the partition of ``x``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.tensor([[1.0, -2.0], [-3.0, 4.0]]), [1, 1])
         >>> raggedfn.apply(torch.relu, x).values.tolist()

@@ -46,7 +46,7 @@ def linear(x: Ragged, weight: Tensor, bias: Tensor | None = None) -> Ragged:
     Returns:
         ``Ragged`` of logical shape ``(B, ..., D_out)``, same partition as ``x``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(1, 3)])
         >>> raggedfn.linear(x, torch.ones(4, 3), torch.zeros(4)).shape
@@ -105,13 +105,14 @@ def layer_norm(
     Args:
         x: ``Ragged`` whose last ``len(normalized_shape)`` logical axes are dense.
         normalized_shape: sizes of those axes.
-        weight, bias: optional ``normalized_shape`` affine parameters.
+        weight: optional ``normalized_shape`` scale.
+        bias: optional ``normalized_shape`` shift.
         eps: added to the variance.
 
     Returns:
         ``Ragged`` with the logical shape and partition of ``x``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.randn(2, 4), torch.randn(3, 4)])
         >>> y = raggedfn.layer_norm(x, 4)
@@ -144,7 +145,7 @@ def rms_norm(
     Returns:
         ``Ragged`` with the logical shape and partition of ``x``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.full((2, 4), 3.0)])
         >>> raggedfn.rms_norm(x, (4,)).values[0].tolist()

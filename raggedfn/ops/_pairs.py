@@ -52,7 +52,7 @@ def pairs(x: Ragged, *, diagonal: bool = True, ordered: bool = True) -> tuple[Ra
         ``(B, P*, *dense)`` lists of pairs in lexicographic ``(a, b)`` order
         (``P_i = N_i (N_i - 1)``, ``N_i (N_i - 1) / 2`` or ``N_i (N_i + 1) / 2``).
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 2.0, 3.0])])
         >>> a, b = raggedfn.pairs(x, diagonal=False, ordered=False)

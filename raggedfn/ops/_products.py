@@ -122,7 +122,7 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
         ``Ragged`` with layout ragged axes numbered in output order, or a dense
         tensor when no output axis is ragged.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.randn(2, 3), torch.randn(4, 3)])
         >>> s = raggedfn.einsum('bnd,bmd->bnm', x, x)
@@ -442,7 +442,7 @@ def matmul(a: Ragged | Tensor, b: Ragged | Tensor) -> Ragged | Tensor:
     Returns:
         ``Ragged`` (or a dense ``[B, ...]`` tensor when no ragged axis remains).
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> q = raggedfn.from_list([torch.randn(2, 4), torch.randn(3, 4)])
         >>> (q @ torch.randn(4, 5)).shape

@@ -92,7 +92,7 @@ def sum(
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(0, 3)])
         >>> raggedfn.sum(x, 1)
@@ -122,7 +122,7 @@ def mean(
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([2.0])])
         >>> raggedfn.mean(x, 1)
@@ -154,7 +154,7 @@ def logsumexp(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2), torch.zeros(0)])
         >>> raggedfn.logsumexp(x, 1)
@@ -190,7 +190,7 @@ def prod(
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([2.0, 3.0]), torch.tensor([])])
         >>> raggedfn.prod(x, 1)
@@ -270,7 +270,7 @@ def var(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = Fa
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0, 2.0])])
         >>> raggedfn.var(x, 1)
@@ -291,7 +291,7 @@ def std(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = Fa
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0])])
         >>> raggedfn.std(x, 1, correction=0)
@@ -324,7 +324,7 @@ def all(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
     Returns:
         Bool; a ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1, 0]), torch.tensor([], dtype=torch.int64)])
         >>> raggedfn.all(x, 1)
@@ -344,7 +344,7 @@ def any(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
     Returns:
         Bool; a ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1, 0]), torch.tensor([], dtype=torch.int64)])
         >>> raggedfn.any(x, 1)
@@ -369,7 +369,7 @@ def norm(x: Ragged, p: float | str = 2, dim: Dim = None, keepdim: bool = False) 
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([3.0, 4.0]), torch.tensor([])])
         >>> raggedfn.norm(x, 2, 1)

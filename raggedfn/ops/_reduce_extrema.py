@@ -82,7 +82,7 @@ def amax(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([])])
         >>> raggedfn.amax(x, 1)
@@ -102,7 +102,7 @@ def amin(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([])])
         >>> raggedfn.amin(x, 1)
@@ -151,7 +151,7 @@ def argmax(x: Ragged, dim: int | None = None, keepdim: bool = False) -> Result:
         int64 positions along ``dim``: a ``Ragged`` if a ragged axis is left,
         else a dense tensor.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0, 3.0]), torch.tensor([])])
         >>> raggedfn.argmax(x, 1)
@@ -171,7 +171,7 @@ def argmin(x: Ragged, dim: int | None = None, keepdim: bool = False) -> Result:
     Returns:
         int64 positions along ``dim``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 0.0, 0.0]), torch.tensor([])])
         >>> raggedfn.argmin(x, 1)

@@ -28,7 +28,7 @@ def cumsum(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
     Returns:
         A ``Ragged`` with the partition of ``x``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0, 5.0])])
         >>> raggedfn.cumsum(x, 1).values

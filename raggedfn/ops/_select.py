@@ -79,7 +79,7 @@ def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
     Returns:
         ``Ragged`` with the layout of ``x``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.arange(4.0), torch.arange(2.0)])
         >>> raggedfn.narrow(x, 1, 1, 2).values.tolist()
@@ -127,7 +127,7 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
     Returns:
         ``Ragged`` with the common layout.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> a = raggedfn.from_list([torch.ones(1), torch.ones(2)])
         >>> raggedfn.cat([a, a], dim=1).lengths.tolist()
@@ -304,7 +304,7 @@ def gather(x: Ragged, dim: int, index: Ragged) -> Ragged:
     Returns:
         ``Ragged`` with the partition of ``index``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([5.0, 6.0, 7.0]), torch.tensor([8.0])])
         >>> i = raggedfn.from_list([torch.tensor([2, 0]), torch.tensor([0, 0, 0])])
@@ -320,7 +320,7 @@ def take_along_dim(x: Ragged, indices: Ragged, dim: int) -> Ragged:
     Like :func:`gather` (note the argument order), except that a dense axis of
     size 1 in ``indices`` broadcasts against ``x``; other dense sizes must be equal.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([5.0, 6.0]), torch.tensor([8.0, 9.0])])
         >>> i = raggedfn.from_list([torch.tensor([1]), torch.tensor([0, 1])])
@@ -353,7 +353,7 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     Returns:
         ``Ragged`` with one ragged axis, ``K_i`` = number of True in sample ``i``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 2.0]), torch.tensor([3.0])])
         >>> m = raggedfn.from_list([torch.tensor([False, True]), torch.tensor([True])])
@@ -441,7 +441,7 @@ def sort(x: Ragged, dim: int = -1, descending: bool = False) -> tuple[Ragged, Ra
         indices are positions along ``dim`` inside each sample (ties keep their
         order; NaN sorts as the largest value, as in torch).
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0]), torch.tensor([0.0])])
         >>> v, i = raggedfn.sort(x, 1)
@@ -454,7 +454,7 @@ def sort(x: Ragged, dim: int = -1, descending: bool = False) -> tuple[Ragged, Ra
 def argsort(x: Ragged, dim: int = -1, descending: bool = False) -> Ragged:
     """The indices of :func:`sort` (stable).
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0])])
         >>> raggedfn.argsort(x, 1, descending=True).values.tolist()
@@ -483,7 +483,7 @@ def topk(
     Returns:
         ``(values, indices)`` like ``torch.topk``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0]), torch.tensor([5.0])])
         >>> v, i = raggedfn.topk(x, 2, dim=1)

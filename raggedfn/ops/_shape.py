@@ -88,12 +88,13 @@ def transpose(x: Ragged, dim0: int, dim1: int) -> Ragged:
 
     Args:
         x: a ``Ragged`` value.
-        dim0, dim1: logical axes (batch = 0, negative allowed), ragged or dense.
+        dim0: a logical axis (batch = 0, negative allowed), ragged or dense.
+        dim1: the axis to exchange it with.
 
     Returns:
         ``Ragged`` sharing ``x.values`` with the two axes exchanged.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2, 3), torch.zeros(4, 3)])
         >>> y = raggedfn.transpose(x, 1, 2)
@@ -119,7 +120,7 @@ def permute(x: Ragged, dims: Sequence[int]) -> Ragged:
     Returns:
         ``Ragged`` sharing ``x.values`` whose axis ``i`` is ``x``'s axis ``dims[i]``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2, 3, 4)])
         >>> raggedfn.permute(x, (0, 3, 1, 2)).shape
@@ -155,7 +156,7 @@ def unsqueeze(x: Ragged, dim: int) -> Ragged:
     Returns:
         ``Ragged`` of rank ``ndim + 1``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2, 3)])
         >>> raggedfn.unsqueeze(x, 2).shape, raggedfn.unsqueeze(x, -1).shape
@@ -194,7 +195,7 @@ def squeeze(x: Ragged, dim: int | Sequence[int] | None = None) -> Ragged:
     Returns:
         ``Ragged`` without those axes (a view of ``x.values``).
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(1, 2, 1)], ragged_dims=(2,))
         >>> raggedfn.squeeze(x).shape
@@ -241,12 +242,13 @@ def flatten(x: Ragged, start_dim: int = 1, end_dim: int = -1) -> Ragged:
 
     Args:
         x: a ``Ragged`` value.
-        start_dim, end_dim: first and last logical axis to merge (dense axes only).
+        start_dim: first logical axis to merge (dense axes only).
+        end_dim: last logical axis to merge (inclusive).
 
     Returns:
         ``Ragged`` with one dense axis in place of the merged ones.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2, 3, 4)])
         >>> raggedfn.flatten(x, 2, 3).shape
@@ -318,7 +320,7 @@ def unflatten(x: Ragged, dim: int, sizes: Sequence[int]) -> Ragged:
     Returns:
         ``Ragged`` with ``len(sizes)`` dense axes in place of ``dim``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2, 12)])
         >>> raggedfn.unflatten(x, 2, (3, -1)).shape
@@ -364,7 +366,7 @@ def reshape(x: Ragged, shape: Sequence[int | None]) -> Ragged:
     Returns:
         ``Ragged`` whose dense axes are stored in logical order.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2, 3, 4)])
         >>> raggedfn.reshape(x, (1, None, 12)).shape, raggedfn.reshape(x, (-1, None, 2, 6)).shape
@@ -433,7 +435,7 @@ def contiguous(x: Ragged) -> Ragged:
         ``Ragged`` equal to ``x`` sample by sample, with
         ``Layout.from_ragged_positions`` layout and contiguous ``values``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.arange(6.0).reshape(2, 3)], ragged_dims=(1, 2))
         >>> y = raggedfn.contiguous(raggedfn.transpose(x, 1, 2))

@@ -65,7 +65,7 @@ def softmax(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
     Returns:
         A ``Ragged`` with the partition of ``x``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2), torch.zeros(0), torch.zeros(1)])
         >>> raggedfn.softmax(x, 1).values
@@ -85,7 +85,7 @@ def log_softmax(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Rag
     Returns:
         A ``Ragged`` with the partition of ``x``.
 
-    Example:
+    Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2), torch.zeros(1)])
         >>> raggedfn.log_softmax(x, 1).values
