@@ -128,6 +128,17 @@ def check(x: Ragged) -> Ragged:
     ``torch.compile`` the same checks become device-side assertions that raise
     ``RuntimeError`` with the same words when the graph runs.
 
+    Args:
+        x: the value to check.
+
+    Returns:
+        ``x`` itself.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; offsets that do not start at 0,
+            decrease or do not end at ``values.shape[0]``; ``sizes`` not ``[B, R]``,
+            negative, or whose products disagree with the offsets.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.zeros(5, 2), torch.tensor([2, 3]))
@@ -154,6 +165,11 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
     Returns:
         ``Ragged`` of logical shape ``(B, *sample shape)`` with the ragged axes
         marked ``None``.
+
+    Raises:
+        RaggedError: ``tensors`` is not a non-empty list of tensors; samples that differ in
+            rank, dtype or device, or in size along an axis that is not ragged;
+            ``ragged_dims`` out of range, repeated, empty or naming the batch axis.
 
     Examples:
         >>> import torch, raggedfn
@@ -215,6 +231,18 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
 def from_offsets(values: Tensor, offsets: Any) -> Ragged:
     """One ragged axis from packed ``values [T, *dense]`` and ``offsets [B + 1]``.
 
+    Args:
+        values: packed ``[T, *dense]`` rows (used as given, not copied).
+        offsets: int64-able ``[B + 1]``; sample ``i`` owns ``values[offsets[i]:offsets[i + 1]]`` (copied).
+
+    Returns:
+        ``Ragged`` of logical shape ``(B, N*, *dense)``.
+
+    Raises:
+        RaggedError: ``values`` is not a tensor with a packed axis; ``offsets`` is not a 1-D
+            integer tensor (floats and bools are refused), does not start at 0, decreases,
+            or does not end at ``values.shape[0]``.
+
     Examples:
         >>> import torch, raggedfn
         >>> raggedfn.from_offsets(torch.arange(5.0), torch.tensor([0, 2, 5])).lengths.tolist()
@@ -233,6 +261,17 @@ def from_offsets(values: Tensor, offsets: Any) -> Ragged:
 
 def from_lengths(values: Tensor, lengths: Any) -> Ragged:
     """One ragged axis from packed ``values [T, *dense]`` and ``lengths [B]``.
+
+    Args:
+        values: packed ``[T, *dense]`` rows (used as given, not copied).
+        lengths: ``[B]`` rows of each sample, adding up to ``T``.
+
+    Returns:
+        ``Ragged`` of logical shape ``(B, N*, *dense)``.
+
+    Raises:
+        RaggedError: ``values`` is not a tensor with a packed axis; ``lengths`` is not a 1-D
+            integer tensor, has a negative entry, or does not add up to ``values.shape[0]``.
 
     Examples:
         >>> import torch, raggedfn
@@ -261,6 +300,20 @@ def from_sizes(
     Each sample's ragged axes are stored row-major in the packed axis, in the
     order of ``sizes``' columns. ``ragged_dims`` (default ``(1, ..., R)``) places
     them among the logical axes; dense axes fill the rest in storage order.
+
+    Args:
+        values: packed ``[T, *dense]`` rows (used as given, not copied).
+        sizes: ``[B, R]`` (or ``[B]`` for ``R = 1``) size of each sample along each ragged axis.
+        ragged_dims: the logical axes (batch = 0) of the ragged axes, in the order of ``sizes``' columns.
+
+    Returns:
+        ``Ragged`` with ``R`` ragged axes.
+
+    Raises:
+        RaggedError: ``values`` is not a tensor with a packed axis; ``sizes`` is not an
+            integer ``[B, R]`` tensor, has a negative entry, or its row products do not add
+            up to ``values.shape[0]``; ``ragged_dims`` names another number of axes than
+            ``R``.
 
     Examples:
         >>> import torch, raggedfn
@@ -407,6 +460,14 @@ def to_padded(x: Ragged, fill: float = 0.0, shape: Sequence[int] | None = None) 
         shape: the padded shape to produce (logical order, batch first); each
             ragged extent must be at least the largest sample's.
 
+    Returns:
+        ``[B, *max logical shape]`` tensor (or ``shape``) in logical axis order.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``shape`` with the wrong number of
+            entries, another batch size, a ragged extent smaller than the largest sample, or
+            another dense size.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0]), torch.tensor([2.0, 3.0])])
@@ -453,6 +514,15 @@ def to_padded(x: Ragged, fill: float = 0.0, shape: Sequence[int] | None = None) 
 def mask(x: Ragged) -> Tensor:
     """Bool ``[B, *max ragged sizes]`` (ragged axes in logical order), True on real elements.
 
+    Args:
+        x: the ragged value.
+
+    Returns:
+        bool ``[B, *max ragged sizes]``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value.
+
     Examples:
         >>> import torch, raggedfn
         >>> raggedfn.mask(raggedfn.from_lengths(torch.zeros(3), torch.tensor([1, 2]))).tolist()
@@ -473,6 +543,15 @@ def mask(x: Ragged) -> Tensor:
 
 def unbind(x: Ragged) -> tuple[Tensor, ...]:
     """Per-sample tensors in logical axis order (views of ``values`` where possible).
+
+    Args:
+        x: the ragged value.
+
+    Returns:
+        ``B`` tensors, sample ``i`` of logical shape ``x.shape[1:]`` with its own sizes.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value.
 
     Examples:
         >>> import torch, raggedfn
@@ -513,6 +592,16 @@ def _dense_in_order(x: Ragged) -> Tensor:
 def cu_seqlens(x: Ragged) -> tuple[Tensor, int]:
     """``(int32 [B + 1] cumulative lengths, max length)`` as varlen attention kernels take them.
 
+    Args:
+        x: a value of logical shape ``(B, N*, ...)``.
+
+    Returns:
+        ``(cu_seqlens, max_seqlen)``: int32 ``[B + 1]`` offsets and the largest length (a Python int, one host sync).
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value, or it does not have exactly one ragged
+            axis at logical axis 1.
+
     Examples:
         >>> import torch, raggedfn
         >>> raggedfn.cu_seqlens(raggedfn.from_lengths(torch.zeros(5), [2, 3]))
@@ -532,6 +621,10 @@ def to_nested(x: Ragged) -> Tensor:
 
     Returns:
         A jagged nested tensor of shape ``(B, j, ...)`` whose ``values()`` is ``x.values``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; it does not have exactly one ragged
+            axis at logical axis 1; the batch is empty (``B = 0``).
 
     Examples:
         >>> import torch, raggedfn
@@ -560,6 +653,10 @@ def from_nested(njt: Tensor) -> Ragged:
 
     Returns:
         ``Ragged`` of logical shape ``(B, N*, ...)`` with ``values`` = ``njt.values()``.
+
+    Raises:
+        RaggedError: ``njt`` is not a ``torch.jagged`` nested tensor, is ragged along
+            another axis than 1, or has holes (``lengths`` besides ``offsets``).
 
     Examples:
         >>> import torch, raggedfn

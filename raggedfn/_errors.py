@@ -20,6 +20,17 @@ class RaggedError(ValueError):
     Messages name the function, the argument, what was expected and what
     arrived, e.g. ``sum: axis 3 is out of range for a sample of rank 2
     (logical shape (N*, 64))``.
+
+    Examples:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.zeros(2, 64)])
+        >>> try:
+        ...     raggedfn.sum(x, 3)
+        ... except raggedfn.RaggedError as error:
+        ...     print(error)
+        sum: axis 3 is out of range for a sample of rank 2 (logical shape (N*, 64))
+        >>> issubclass(raggedfn.RaggedError, ValueError)
+        True
     """
 
 

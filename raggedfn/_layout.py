@@ -16,6 +16,12 @@ class Axis(NamedTuple):
     A ragged axis ``k`` is column ``k`` of ``sizes``; the ragged axes are stored
     row-major in ``k`` order in the packed leading axis of ``values``. A dense
     axis ``j`` is axis ``1 + j`` of ``values``.
+
+    Examples:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.zeros(2, 5), torch.zeros(3, 5)])
+        >>> x.layout.axes
+        (Axis(ragged=True, index=0), Axis(ragged=False, index=0))
     """
 
     ragged: bool
@@ -65,6 +71,18 @@ class Layout:
     ``torch.compile(dynamic=True)`` dynamo turns the int attributes of an input
     into symbols, and in torch 2.13 ``Axis(True, 1) == layout.axes[2]`` then
     silently gave False; strings always stay constants.
+
+    Raises:
+        ValueError: the axes do not number the ragged axes and the dense axes each
+            ``0..n-1``.
+
+    Examples:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.zeros(3, 2, 3), torch.zeros(4, 2, 4)], ragged_dims=(1, 3))
+        >>> x.layout, x.layout.axes[1]
+        (Layout('r0 d0 r1'), Axis(ragged=False, index=0))
+        >>> raggedfn.Layout.standard(1, 1).describe((8,))
+        '(N*, 8)'
     """
 
     code: str

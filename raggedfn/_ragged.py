@@ -35,6 +35,15 @@ class Ragged:
     which validate user data. The dataclass constructor runs only cheap
     structural checks.
 
+    Raises:
+        RaggedError: the dataclass constructor gets a ``layout`` that is not a ``Layout``,
+            non-tensor parts, ``offsets``/``sizes`` that are not int64 ``[B + 1]``/``[B,
+            R]``, ``values`` without a packed axis or with another number of dense axes than
+            the layout declares, or parts on different devices; ``lengths`` of a value with
+            several ragged axes; ``with_values`` with another number of packed rows;
+            indexing with anything but an int, a slice, a list or a 1-D int/bool tensor of
+            samples; ``bool(x)``.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])

@@ -271,6 +271,12 @@ def map(f: Callable[..., Any], *args: Any, in_dims: Any = 0, strict: bool = Fals
     Returns:
         The outputs of ``f`` for all samples, with ``f``'s pytree structure.
 
+    Raises:
+        RaggedError: ``in_dims`` is not 0/None per argument or has the wrong length; no
+            argument is mapped; a mapped argument is not a ``Ragged`` or a tensor with a
+            batch axis; mapped arguments disagree on the batch size; with ``strict=True``,
+            an op would run as a per-sample loop.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
@@ -294,6 +300,9 @@ def map_report(f: Callable[..., Any], *args: Any, in_dims: Any = 0) -> MapReport
         A :class:`MapReport`: ops that ran batched, ops that ran per sample
         (with the reason), guards of the trace, whether the whole function fell
         back to the per-sample loop, and the trace time. ``str(report)`` reads well.
+
+    Raises:
+        RaggedError: as :func:`map`.
 
     Examples:
         >>> import torch, raggedfn

@@ -253,6 +253,15 @@ def attention(
         empty key sequence) gives zeros, as torch's SDPA does on that sample
         alone, and a zero gradient.
 
+    Raises:
+        RaggedError: ``q``, ``k`` or ``v`` is not ``Ragged`` with 1 or 2 ragged axes and
+            logical shape ``(B, [I*,] N*, H, D)``; batch sizes, heads or head sizes that
+            disagree; ``k`` and ``v`` with different partitions; with two ragged axes, ``q``
+            and ``k`` with different row sizes ``I``; a ``bias`` that is neither a pair
+            state with sizes ``(N_i, M_i)`` nor a dense ``(..., H or 1, 1, 1)`` tensor; a
+            ``key_padding`` that is not a bool ``Ragged`` with the partition of ``k``;
+            ``causal`` not a bool.
+
     Examples:
         >>> import torch, raggedfn
         >>> q = raggedfn.from_list([torch.randn(3, 2, 8), torch.randn(5, 2, 8)])

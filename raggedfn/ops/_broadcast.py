@@ -279,6 +279,10 @@ def broadcast_tensors(*xs: Any) -> tuple[Ragged, ...]:
     Returns:
         One ``Ragged`` per operand, all of the same logical shape and partition.
 
+    Raises:
+        RaggedError: no operand is ``Ragged``; operands that do not combine (as for
+            :func:`add`).
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(1, 3)])

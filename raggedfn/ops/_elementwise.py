@@ -97,6 +97,13 @@ def add(x: Any, y: Any) -> Any:
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(1, 3)])
@@ -115,6 +122,13 @@ def sub(x: Any, y: Any) -> Any:
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
+
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
 
     Examples:
         >>> import torch, raggedfn
@@ -135,6 +149,13 @@ def mul(x: Any, y: Any) -> Any:
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_lengths(torch.tensor([1.0, 2.0, 3.0]), [1, 2])
@@ -154,6 +175,13 @@ def div(x: Any, y: Any) -> Any:
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
+
     Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1.0, 2.0]), [2]) / 2).values.tolist()
@@ -171,6 +199,13 @@ def pow(x: Any, y: Any) -> Any:
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
+
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
 
     Examples:
         >>> import torch, raggedfn
@@ -190,6 +225,13 @@ def floor_divide(x: Any, y: Any) -> Any:
     Returns:
         ``Ragged`` with the broadcast logical shape.
 
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
+
     Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([7, -7]), [2]) // 2).values.tolist()
@@ -200,6 +242,20 @@ def floor_divide(x: Any, y: Any) -> Any:
 
 def eq(x: Any, y: Any) -> Any:
     """``x == y`` elementwise, a bool ``Ragged``.
+
+    Args:
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
+
+    Returns:
+        bool ``Ragged`` with the broadcast logical shape.
+
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
 
     Examples:
         >>> import torch, raggedfn
@@ -212,6 +268,20 @@ def eq(x: Any, y: Any) -> Any:
 def ne(x: Any, y: Any) -> Any:
     """``x != y`` elementwise, a bool ``Ragged``.
 
+    Args:
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
+
+    Returns:
+        bool ``Ragged`` with the broadcast logical shape.
+
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
+
     Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) != 2).values.tolist()
@@ -222,6 +292,20 @@ def ne(x: Any, y: Any) -> Any:
 
 def lt(x: Any, y: Any) -> Any:
     """``x < y`` elementwise, a bool ``Ragged``.
+
+    Args:
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
+
+    Returns:
+        bool ``Ragged`` with the broadcast logical shape.
+
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
 
     Examples:
         >>> import torch, raggedfn
@@ -235,6 +319,20 @@ def lt(x: Any, y: Any) -> Any:
 def le(x: Any, y: Any) -> Any:
     """``x <= y`` elementwise, a bool ``Ragged``.
 
+    Args:
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
+
+    Returns:
+        bool ``Ragged`` with the broadcast logical shape.
+
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
+
     Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) <= 1).values.tolist()
@@ -246,6 +344,20 @@ def le(x: Any, y: Any) -> Any:
 
 def gt(x: Any, y: Any) -> Any:
     """``x > y`` elementwise, a bool ``Ragged``.
+
+    Args:
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
+
+    Returns:
+        bool ``Ragged`` with the broadcast logical shape.
+
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
 
     Examples:
         >>> import torch, raggedfn
@@ -259,6 +371,20 @@ def gt(x: Any, y: Any) -> Any:
 def ge(x: Any, y: Any) -> Any:
     """``x >= y`` elementwise, a bool ``Ragged``.
 
+    Args:
+        x: ``Ragged`` values, numbers or broadcastable tensors.
+        y: the other operand, like ``x``.
+
+    Returns:
+        bool ``Ragged`` with the broadcast logical shape.
+
+    Raises:
+        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
+            operands with different partitions (samples or sizes) or logical shapes; a
+            tensor that does not broadcast against the logical shape (only size 1 broadcasts
+            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
+            another device.
+
     Examples:
         >>> import torch, raggedfn
         >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) >= 2).values.tolist()
@@ -271,6 +397,15 @@ def ge(x: Any, y: Any) -> Any:
 def neg(x: Any) -> Any:
     """``-x`` elementwise.
 
+    Args:
+        x: a ``Ragged`` value (or a tensor: then plain torch).
+
+    Returns:
+        ``Ragged`` with the partition of ``x``.
+
+    Raises:
+        RaggedError: ``x`` is neither a ``Ragged`` value nor a tensor.
+
     Examples:
         >>> import torch, raggedfn
         >>> (-raggedfn.from_lengths(torch.tensor([1.0, -2.0]), [2])).values.tolist()
@@ -281,6 +416,15 @@ def neg(x: Any) -> Any:
 
 def abs(x: Any) -> Any:
     """``|x|`` elementwise.
+
+    Args:
+        x: a ``Ragged`` value (or a tensor: then plain torch).
+
+    Returns:
+        ``Ragged`` with the partition of ``x``.
+
+    Raises:
+        RaggedError: ``x`` is neither a ``Ragged`` value nor a tensor.
 
     Examples:
         >>> import torch, raggedfn
@@ -300,6 +444,10 @@ def where(condition: Any, x: Any, y: Any) -> Ragged:
 
     Returns:
         ``Ragged`` with the broadcast logical shape.
+
+    Raises:
+        RaggedError: ``condition`` is not a bool ``Ragged`` or tensor; no operand is
+            ``Ragged``; operands that do not combine (as for :func:`add`).
 
     Examples:
         >>> import torch, raggedfn
@@ -339,6 +487,11 @@ def apply(fn: Callable[..., Tensor], x: Ragged, *args: Any, **kwargs: Any) -> Ra
 
     Returns:
         ``Ragged`` with the partition of ``x``.
+
+    Raises:
+        RaggedError: ``fn`` is not callable; ``x`` is not a ``Ragged`` value; ``fn`` does
+            not return a tensor with the same number of packed rows; ``fn`` changes the
+            number of dense axes while a dense axis of ``x`` comes before a ragged one.
 
     Examples:
         >>> import torch, raggedfn

@@ -46,6 +46,11 @@ def linear(x: Ragged, weight: Tensor, bias: Tensor | None = None) -> Ragged:
     Returns:
         ``Ragged`` of logical shape ``(B, ..., D_out)``, same partition as ``x``.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``weight`` is not a ``[D_out, D_in]``
+            tensor matching the last (dense) axis; ``bias`` is not a ``[D_out]`` tensor; a
+            parameter with another dtype or device than ``x``.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(1, 3)])
@@ -112,6 +117,11 @@ def layer_norm(
     Returns:
         ``Ragged`` with the logical shape and partition of ``x``.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``normalized_shape`` is not an int or
+            a non-empty tuple of ints, or is not the trailing (dense) logical axes of ``x``;
+            a parameter of another shape, dtype or device.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.randn(2, 4), torch.randn(3, 4)])
@@ -144,6 +154,11 @@ def rms_norm(
 
     Returns:
         ``Ragged`` with the logical shape and partition of ``x``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``normalized_shape`` is not an int or
+            a non-empty tuple of ints, or is not the trailing (dense) logical axes of ``x``;
+            a parameter of another shape, dtype or device.
 
     Examples:
         >>> import torch, raggedfn

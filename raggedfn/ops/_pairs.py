@@ -52,6 +52,10 @@ def pairs(x: Ragged, *, diagonal: bool = True, ordered: bool = True) -> tuple[Ra
         ``(B, P*, *dense)`` lists of pairs in lexicographic ``(a, b)`` order
         (``P_i = N_i (N_i - 1)``, ``N_i (N_i - 1) / 2`` or ``N_i (N_i + 1) / 2``).
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value, or it does not have one ragged axis at
+            logical axis 1.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 2.0, 3.0])])

@@ -122,6 +122,12 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
         ``Ragged`` with layout ragged axes numbered in output order, or a dense
         tensor when no output axis is ragged.
 
+    Raises:
+        RaggedError: subscripts that do not match the operands' logical ranks; a ``Ragged``
+            operand whose first subscript is not the batch letter, or with another batch
+            size; a letter ragged in one operand and dense in another; an output that does
+            not start with the batch letter.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.randn(2, 3), torch.randn(4, 3)])
@@ -441,6 +447,12 @@ def matmul(a: Ragged | Tensor, b: Ragged | Tensor) -> Ragged | Tensor:
 
     Returns:
         ``Ragged`` (or a dense ``[B, ...]`` tensor when no ragged axis remains).
+
+    Raises:
+        RaggedError: an operand is neither ``Ragged`` nor a tensor; a dense operand that is
+            not a ``[K]``/``[K, N]`` (right) or ``[K]``/``[M, K]`` (left) weight; a ragged
+            contracted axis against a dense operand; two ``Ragged`` operands whose
+            partitions do not match.
 
     Examples:
         >>> import torch, raggedfn

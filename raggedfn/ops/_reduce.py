@@ -92,6 +92,10 @@ def sum(
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(0, 3)])
@@ -121,6 +125,10 @@ def mean(
 
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated; ``x`` is not floating point (or complex).
 
     Examples:
         >>> import torch, raggedfn
@@ -153,6 +161,10 @@ def logsumexp(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
 
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated; ``x`` is not floating point (or complex).
 
     Examples:
         >>> import torch, raggedfn
@@ -189,6 +201,10 @@ def prod(
 
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated.
 
     Examples:
         >>> import torch, raggedfn
@@ -270,6 +286,10 @@ def var(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = Fa
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated; ``x`` is not floating point (or complex).
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0, 2.0])])
@@ -290,6 +310,10 @@ def std(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = Fa
 
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated; ``x`` is not floating point (or complex).
 
     Examples:
         >>> import torch, raggedfn
@@ -324,6 +348,10 @@ def all(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
     Returns:
         Bool; a ``Ragged`` if a ragged axis is left, else a dense tensor.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1, 0]), torch.tensor([], dtype=torch.int64)])
@@ -343,6 +371,10 @@ def any(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
 
     Returns:
         Bool; a ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated.
 
     Examples:
         >>> import torch, raggedfn
@@ -368,6 +400,11 @@ def norm(x: Ragged, p: float | str = 2, dim: Dim = None, keepdim: bool = False) 
 
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated; ``x`` is not floating point (or complex); ``p`` is not a number,
+            ``inf``, ``-inf`` or ``'fro'``.
 
     Examples:
         >>> import torch, raggedfn

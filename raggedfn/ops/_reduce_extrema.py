@@ -82,6 +82,10 @@ def amax(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0]), torch.tensor([])])
@@ -101,6 +105,10 @@ def amin(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
 
     Returns:
         A ``Ragged`` if a ragged axis is left, else a dense tensor.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            repeated.
 
     Examples:
         >>> import torch, raggedfn
@@ -151,6 +159,10 @@ def argmax(x: Ragged, dim: int | None = None, keepdim: bool = False) -> Result:
         int64 positions along ``dim``: a ``Ragged`` if a ragged axis is left,
         else a dense tensor.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is None (no flat index over a
+            batch), out of range, or the batch axis.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 3.0, 3.0]), torch.tensor([])])
@@ -170,6 +182,10 @@ def argmin(x: Ragged, dim: int | None = None, keepdim: bool = False) -> Result:
 
     Returns:
         int64 positions along ``dim``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is None (no flat index over a
+            batch), out of range, or the batch axis.
 
     Examples:
         >>> import torch, raggedfn

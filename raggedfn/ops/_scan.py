@@ -28,6 +28,10 @@ def cumsum(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
     Returns:
         A ``Ragged`` with the partition of ``x``.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
+            range for the logical shape of ``x``, or is the batch axis.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0, 5.0])])

@@ -79,6 +79,12 @@ def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
     Returns:
         ``Ragged`` with the layout of ``x``.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
+            range for the logical shape of ``x``, or is the batch axis; ``start`` or
+            ``length`` is not an int; ``length`` is negative; along a dense axis, ``start``
+            is out of range.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.arange(4.0), torch.arange(2.0)])
@@ -126,6 +132,11 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
 
     Returns:
         ``Ragged`` with the common layout.
+
+    Raises:
+        RaggedError: ``xs`` is not a non-empty list of ``Ragged`` values; values that differ
+            in layout, batch size or dense sizes, or in the sizes of ragged axes other than
+            ``dim``; ``dim`` out of range.
 
     Examples:
         >>> import torch, raggedfn
@@ -304,6 +315,12 @@ def gather(x: Ragged, dim: int, index: Ragged) -> Ragged:
     Returns:
         ``Ragged`` with the partition of ``index``.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value or ``index`` is not an int64 ``Ragged``
+            with the layout and batch size of ``x``; its ragged sizes differ from those of
+            ``x`` outside ``dim`` or a dense size exceeds that of ``x``; an index lies
+            outside ``[0, size of dim)`` of its sample; ``dim`` out of range.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([5.0, 6.0, 7.0]), torch.tensor([8.0])])
@@ -319,6 +336,17 @@ def take_along_dim(x: Ragged, indices: Ragged, dim: int) -> Ragged:
 
     Like :func:`gather` (note the argument order), except that a dense axis of
     size 1 in ``indices`` broadcasts against ``x``; other dense sizes must be equal.
+
+    Args:
+        x: ``Ragged`` value.
+        indices: int64 ``Ragged`` with the layout of ``x``.
+        dim: logical axis to take along (ragged or dense).
+
+    Returns:
+        ``Ragged`` with the partition of ``indices``.
+
+    Raises:
+        RaggedError: as :func:`gather` (a dense axis of size 1 in ``indices`` broadcasts).
 
     Examples:
         >>> import torch, raggedfn
@@ -352,6 +380,11 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
 
     Returns:
         ``Ragged`` with one ragged axis, ``K_i`` = number of True in sample ``i``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``mask`` is not a bool ``Ragged`` with
+            the partition of ``x`` and its logical shape (or its ragged axes only); ``x``
+            does not store its ragged axes first.
 
     Examples:
         >>> import torch, raggedfn
@@ -441,6 +474,10 @@ def sort(x: Ragged, dim: int = -1, descending: bool = False) -> tuple[Ragged, Ra
         indices are positions along ``dim`` inside each sample (ties keep their
         order; NaN sorts as the largest value, as in torch).
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
+            range for the logical shape of ``x``, or is the batch axis.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0]), torch.tensor([0.0])])
@@ -453,6 +490,18 @@ def sort(x: Ragged, dim: int = -1, descending: bool = False) -> tuple[Ragged, Ra
 
 def argsort(x: Ragged, dim: int = -1, descending: bool = False) -> Ragged:
     """The indices of :func:`sort` (stable).
+
+    Args:
+        x: ``Ragged`` value (real dtype).
+        dim: logical axis, ragged or dense.
+        descending: sort largest first.
+
+    Returns:
+        int64 ``Ragged`` with the partition and layout of ``x``: positions along ``dim``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
+            range for the logical shape of ``x``, or is the batch axis.
 
     Examples:
         >>> import torch, raggedfn
@@ -482,6 +531,11 @@ def topk(
 
     Returns:
         ``(values, indices)`` like ``torch.topk``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``k`` is not an int ``>= 0``, or
+            exceeds a dense axis ``dim``; ``dim`` is not an int or is out of range for the
+            logical shape of ``x``.
 
     Examples:
         >>> import torch, raggedfn

@@ -94,6 +94,10 @@ def transpose(x: Ragged, dim0: int, dim1: int) -> Ragged:
     Returns:
         ``Ragged`` sharing ``x.values`` with the two axes exchanged.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim0`` or ``dim1`` is out of range
+            or the batch axis.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2, 3), torch.zeros(4, 3)])
@@ -119,6 +123,10 @@ def permute(x: Ragged, dims: Sequence[int]) -> Ragged:
 
     Returns:
         ``Ragged`` sharing ``x.values`` whose axis ``i`` is ``x``'s axis ``dims[i]``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dims`` is not a permutation of the
+            logical axes, or moves the batch axis.
 
     Examples:
         >>> import torch, raggedfn
@@ -155,6 +163,10 @@ def unsqueeze(x: Ragged, dim: int) -> Ragged:
 
     Returns:
         ``Ragged`` of rank ``ndim + 1``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int, is out of
+            range, or would go before the batch axis.
 
     Examples:
         >>> import torch, raggedfn
@@ -194,6 +206,10 @@ def squeeze(x: Ragged, dim: int | Sequence[int] | None = None) -> Ragged:
 
     Returns:
         ``Ragged`` without those axes (a view of ``x.values``).
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
+            ragged.
 
     Examples:
         >>> import torch, raggedfn
@@ -247,6 +263,10 @@ def flatten(x: Ragged, start_dim: int = 1, end_dim: int = -1) -> Ragged:
 
     Returns:
         ``Ragged`` with one dense axis in place of the merged ones.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``start_dim`` or ``end_dim`` is out of
+            range, in the wrong order, or the range holds a ragged axis.
 
     Examples:
         >>> import torch, raggedfn
@@ -320,6 +340,11 @@ def unflatten(x: Ragged, dim: int, sizes: Sequence[int]) -> Ragged:
     Returns:
         ``Ragged`` with ``len(sizes)`` dense axes in place of ``dim``.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
+            range for the logical shape of ``x``, or is ragged; ``sizes`` is not a non-empty
+            sequence of ints whose product is the axis size.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2, 12)])
@@ -365,6 +390,11 @@ def reshape(x: Ragged, shape: Sequence[int | None]) -> Ragged:
 
     Returns:
         ``Ragged`` whose dense axes are stored in logical order.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``shape`` does not start with the
+            batch size (or -1), does not mark each ragged axis with None, holds entries that
+            are not ints or None, or changes the number of dense elements.
 
     Examples:
         >>> import torch, raggedfn
@@ -434,6 +464,9 @@ def contiguous(x: Ragged) -> Ragged:
     Returns:
         ``Ragged`` equal to ``x`` sample by sample, with
         ``Layout.from_ragged_positions`` layout and contiguous ``values``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value.
 
     Examples:
         >>> import torch, raggedfn

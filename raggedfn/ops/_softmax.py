@@ -65,6 +65,11 @@ def softmax(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
     Returns:
         A ``Ragged`` with the partition of ``x``.
 
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
+            range for the logical shape of ``x``, or is the batch axis; the values (after
+            ``dtype``) are not floating point.
+
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2), torch.zeros(0), torch.zeros(1)])
@@ -84,6 +89,11 @@ def log_softmax(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Rag
 
     Returns:
         A ``Ragged`` with the partition of ``x``.
+
+    Raises:
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
+            range for the logical shape of ``x``, or is the batch axis; the values (after
+            ``dtype``) are not floating point.
 
     Examples:
         >>> import torch, raggedfn
