@@ -1,0 +1,38 @@
+"""benchmarks/hf_bert.py: runs at a tiny size, checks agreement first, prints one row per system."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from benchmarks import hf_bert
+
+
+def test_prints_a_row_per_system_and_the_packed_path_error(capsys):
+    args = ["--layers", "1", "--hidden", "32", "--heads", "4", "--batch", "3"]
+    record = hf_bert.main([*args, "--max-len", "16", "--rounds", "1"])
+    out = capsys.readouterr().out
+    for name in ("padded", "map", "map+ids"):
+        assert f"| {name} |" in out, out
+    assert record["map_ids_fallback"] == []  # positions and token types passed in
+    assert record["hf_packed_max_error"] > 1e-3  # BERT's packed path mixes sequences here
+    lengths = torch.tensor(record["lengths"])
+    assert record["occupancy_tokens"] == float(lengths.sum()) / (3 * int(lengths.max()))
+
+
+def test_lengths_give_about_a_quarter_occupancy_at_the_default_size():
+    lengths = hf_bert.make_lengths(8, 256)
+    assert int(lengths.max()) == 256 and int(lengths.min()) >= 8
+    assert 0.2 < float(lengths.sum()) / (8 * 256) < 0.3
+
+
+def test_agreement_check_catches_a_wrong_system():
+    torch.manual_seed(0)
+    want = torch.randn(5, 3)
+    fns = {"padded": lambda: want, "map": lambda: want.clone()}
+    hf_bert.check_agreement(fns)
+    fns["map"] = lambda: want + 1e-2
+    with pytest.raises(AssertionError):
+        hf_bert.check_agreement(fns)
