@@ -452,7 +452,7 @@ def matmul(a: Ragged | Tensor, b: Ragged | Tensor) -> Ragged | Tensor:
         RaggedError: an operand is neither ``Ragged`` nor a tensor; a dense operand that is
             not a ``[K]``/``[K, N]`` (right) or ``[K]``/``[M, K]`` (left) weight; a ragged
             contracted axis against a dense operand; two ``Ragged`` operands whose
-            partitions do not match.
+            partitions do not match; an inner (contracted) size that differs.
 
     Examples:
         >>> import torch, raggedfn

@@ -476,7 +476,8 @@ def sort(x: Ragged, dim: int = -1, descending: bool = False) -> tuple[Ragged, Ra
 
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
-            range for the logical shape of ``x``, or is the batch axis.
+            range for the logical shape of ``x``, or is the batch axis; ``x`` is
+            complex (no order).
 
     Examples:
         >>> import torch, raggedfn
@@ -501,7 +502,8 @@ def argsort(x: Ragged, dim: int = -1, descending: bool = False) -> Ragged:
 
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
-            range for the logical shape of ``x``, or is the batch axis.
+            range for the logical shape of ``x``, or is the batch axis; ``x`` is
+            complex (no order).
 
     Examples:
         >>> import torch, raggedfn
