@@ -16,10 +16,10 @@ from ._construct import (
     to_padded,
     unbind,
 )
-from ._errors import RaggedError
+from ._errors import RaggedError, RaggedPerformanceWarning
 from ._interop import positions, segment_ids
 from ._layout import Axis, Layout
-from ._map import MapReport, map, map_report
+from ._map import CacheInfo, MapReport, map, map_cache_info, map_report
 from ._ragged import Ragged
 from .ops import *  # noqa: F403
 from .ops import __all__ as _ops_all
@@ -28,10 +28,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Axis",
+    "CacheInfo",
     "Layout",
     "MapReport",
     "Ragged",
     "RaggedError",
+    "RaggedPerformanceWarning",
     "check",
     "cu_seqlens",
     "from_lengths",
@@ -41,6 +43,7 @@ __all__ = [
     "from_padded",
     "from_sizes",
     "map",
+    "map_cache_info",
     "map_report",
     "mask",
     "positions",

@@ -34,6 +34,17 @@ class RaggedError(ValueError):
     """
 
 
+class RaggedPerformanceWarning(UserWarning):
+    """raggedfn ran something per sample (a Python loop) where it could not batch it.
+
+    The result is still the per-sample loop's; only speed suffers. ``raggedfn.map``
+    emits one for the first per-sample fallback of each op (or of the whole
+    function) per input signature, naming the op and the reason;
+    ``raggedfn.map_report`` lists them all. Silence it with
+    ``warnings.filterwarnings("ignore", category=raggedfn.RaggedPerformanceWarning)``.
+    """
+
+
 def fail(fn: str, message: str) -> RaggedError:
     """Build (not raise) a ``RaggedError`` prefixed by the function name."""
     return RaggedError(f"{fn}: {message}")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import math
+import warnings
 
 import pytest
 import torch
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import raggedfn
 from property_tests.reference import assert_same, loop, pack_like, samples
-from raggedfn import RaggedError
+from raggedfn import RaggedError, RaggedPerformanceWarning
 
 D = 8
 
@@ -34,6 +34,7 @@ def weights(*shape, seed=2, dtype=torch.float64):
 
 
 W = weights(6, D)
+W43 = weights(4, 3)
 LENGTHS = (3, 0, 5, 1, 4)
 
 # per-sample functions of a token sample t: (N, D) and a shared weight w: (6, D)
@@ -96,10 +97,17 @@ def test_reductions_of_nonempty_samples():
         assert report.fully_batched, str(report)
 
 
-def test_empty_sample_policy_of_amax_and_argmax():
-    x = tokens((2, 0))
-    assert raggedfn.map(lambda t: t.amax(0), x)[1].eq(-math.inf).all()
-    assert raggedfn.map(lambda t: t.argmax(0), x)[1].eq(-1).all()
+@pytest.mark.parametrize("f", [lambda t: t.amax(0), lambda t: t.argmax(0)])
+def test_empty_samples_raise_where_the_loop_raises(f):
+    # torch refuses amax/argmax over an empty axis: so does map, naming the sample,
+    # while the other samples still run batched
+    x = tokens((2, 0, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        with pytest.raises(RaggedError) as error:
+            raggedfn.map(f, x)
+    assert "sample 1" in str(error.value) and "non-zero size" in str(error.value)
+    assert_same(raggedfn.map(f, tokens((2, 3))), loop(f, tokens((2, 3))))
 
 
 @pytest.mark.parametrize(
@@ -108,7 +116,7 @@ def test_empty_sample_policy_of_amax_and_argmax():
         lambda p: p.softmax(1).sum(1),
         lambda p: p + p.transpose(0, 1),
         lambda p: p.mean((0, 1)),
-        lambda p: F.linear(p, weights(4, 3)).relu().sum(0),
+        lambda p: F.linear(p, W43).relu().sum(0),
         lambda p: p.permute(1, 0, 2).cumsum(0),
         lambda p: p[:, :, 0] @ p[:, :, 1],
     ],
@@ -157,15 +165,26 @@ def flip_then_sum(t):
     return torch.flip(t, [0]).cumsum(0) * 2
 
 
-def test_op_without_rule_runs_per_sample_and_is_reported(caplog):
+def test_op_without_rule_runs_per_sample_and_is_reported():
     x = tokens(LENGTHS)
-    with caplog.at_level(logging.INFO, logger="raggedfn.map"):
-        report = raggedfn.map_report(flip_then_sum, x)
+    report = raggedfn.map_report(flip_then_sum, x)
     assert_same(report.output, loop(flip_then_sum, x))
     assert "aten.flip.default" in report.fallback
     assert not report.fully_batched
     assert "aten.cumsum.default" in report.batched
     assert "aten.flip.default" in str(report)
+
+
+def test_a_fallback_warns_once_per_op_and_signature():
+    def f(t):
+        return torch.flip(t, [0]) * 3
+
+    x = tokens(LENGTHS)
+    with pytest.warns(RaggedPerformanceWarning, match=r"aten\.flip\.default runs as a per-sample"):
+        assert_same(raggedfn.map(f, x), loop(f, x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(raggedfn.map(f, x), loop(f, x))  # the same signature: no second warning
 
 
 def test_strict_names_the_op_without_rule():
@@ -181,6 +200,8 @@ def data_dependent(t):
 
 def test_data_dependent_control_flow_runs_the_whole_loop():
     x = tokens(LENGTHS)
+    with pytest.warns(RaggedPerformanceWarning, match="f runs as a per-sample loop"):
+        raggedfn.map(data_dependent, x)
     report = raggedfn.map_report(data_dependent, x)
     assert report.whole_loop is not None and "tracing failed" in report.whole_loop
     assert_same(report.output, loop(data_dependent, x))
@@ -193,16 +214,34 @@ def branch_on_length(t):
 
 
 def test_guard_on_a_size_is_checked_for_every_sample():
-    x = tokens((5, 2, 4))  # the trace sees a long example: the short sample breaks the guard
+    # the first trace sees a long example; the short sample breaks its guard and gets
+    # a trace of its own (the other branch): both groups run batched and merge
+    x = tokens((5, 2, 4))
     report = raggedfn.map_report(branch_on_length, x)
-    assert report.guards and "guard" in (report.whole_loop or "")
+    assert any(g.startswith("s") and "> 3" in g for g in report.guards), report.guards
+    assert any("<= 3" in g for g in report.guards), report.guards
+    assert report.fully_batched, str(report)
     assert_same(report.output, loop(branch_on_length, x))
-    with pytest.raises(RaggedError, match="strict=True refuses"):
-        raggedfn.map(branch_on_length, x, strict=True)
     long_only = tokens((5, 4, 6))
     report = raggedfn.map_report(branch_on_length, long_only)
     assert report.fully_batched
     assert_same(report.output, loop(branch_on_length, long_only))
+    assert raggedfn.map_cache_info(branch_on_length).plans == 2
+
+
+def branch_then_index(t):
+    return t[3] if t.shape[0] > 3 else t[0] * 0
+
+
+def test_samples_no_trace_fits_run_per_sample_or_strict_refuses():
+    x = tokens((5, 0, 4))  # the empty sample fits neither branch's trace (t[0] of nothing)
+    with pytest.warns(RaggedPerformanceWarning, match="some samples run per sample"):
+        with pytest.raises(RaggedError, match="for sample 1"):
+            raggedfn.map(branch_then_index, x)
+    with pytest.raises(RaggedError, match="strict=True refuses"):
+        raggedfn.map(branch_then_index, x, strict=True)
+    fits = tokens((5, 2, 4))
+    assert_same(raggedfn.map(branch_then_index, fits), loop(branch_then_index, fits))
 
 
 def test_squeeze_of_a_ragged_axis_of_size_one_is_refused():
@@ -450,6 +489,9 @@ def test_group_norm_over_ragged_spatial_axes():
         (lambda t: t[-1] - t[0], (3, 1, 5)),
         (lambda t: t.narrow(0, 1, 1), (3, 2, 5)),
         (lambda t: t[:2] * 2, (3, 2, 5)),
+        (lambda t: t[:2] * 2, (3, 1, 0, 5)),
+        (lambda t: t[-2:] * 2, (3, 1, 0, 5)),
+        (lambda t: t[1:-1][::2], (7, 1, 0, 2, 3)),
         (lambda t: t[1:].mean(0), (3, 2, 5)),
         (lambda t: torch.stack([t[:-1], t[1:]], -1).sum(-1), (3, 0, 5)),
     ],
@@ -461,16 +503,20 @@ def test_indexing_along_the_ragged_axis(f, lengths):
     assert report.fully_batched, str(report)
 
 
-def test_slice_to_a_fixed_size_checks_its_guard():
-    x = tokens((3, 1, 5))  # t[:2] holds only where N >= 2: the guard sends it to the loop
-    report = raggedfn.map_report(lambda t: t[:2] * 2, x)
-    assert report.whole_loop is not None and "s" in report.whole_loop
-    assert_same(report.output, loop(lambda t: t[:2] * 2, x))
+def test_a_slice_is_ragged_whatever_the_lengths_of_this_batch():
+    # t[:2] has min(2, N) rows: a ragged axis decided by f, not by this batch
+    for lengths in ((3, 1, 5), (3, 4, 5)):
+        x = tokens(lengths)
+        report = raggedfn.map_report(lambda t: t[:2] * 2, x)
+        assert isinstance(report.output, raggedfn.Ragged)
+        assert report.fully_batched, str(report)
+        assert_same(report.output, loop(lambda t: t[:2] * 2, x))
 
 
-def test_select_out_of_range_is_refused():
-    with pytest.raises(RaggedError, match="map: index 0 is out of range along ragged axis 0"):
-        raggedfn.map(lambda t: t[0], tokens((2, 0)))
+def test_select_out_of_range_raises_naming_the_sample():
+    with pytest.warns(RaggedPerformanceWarning):
+        with pytest.raises(RaggedError, match="IndexError for sample 1: index 0 is out of"):
+            raggedfn.map(lambda t: t[0], tokens((2, 0)))
 
 
 def test_embedding_of_ragged_token_ids():
@@ -507,23 +553,26 @@ def uses_global(t):
     return t @ CAPTURED
 
 
+def scaled_by(scale):
+    return lambda t: t * scale
+
+
 def test_cache_hits_recreated_lambdas_and_sees_rebound_globals():
     global CAPTURED
-    from raggedfn._map import _api
-
     x = tokens(LENGTHS)
-    scale = weights(D, seed=13)
-    before = len(_api._CACHE)
-    for _ in range(3):
-        raggedfn.map(lambda t: t * scale, x)  # a new lambda each step, same code and capture
-    assert len(_api._CACHE) == before + 1
+    for seed in range(3):  # a new lambda each step, capturing a new tensor: one trace
+        scale = weights(D, seed=13 + seed)
+        f = scaled_by(scale)
+        assert_same(raggedfn.map(f, x), loop(f, x))
+    assert raggedfn.map_cache_info(f).traces == 1
     assert_same(raggedfn.map(uses_global, x), loop(uses_global, x))
     old = CAPTURED
     try:
-        CAPTURED = old * 2  # rebinding: a new key, never the stale tensor
+        CAPTURED = old * 2  # rebinding: read afresh, never the stale tensor, no new trace
         assert_same(raggedfn.map(uses_global, x), loop(uses_global, x))
     finally:
         CAPTURED = old
+    assert raggedfn.map_cache_info(uses_global).traces == 1
 
 
 def test_modules_called_directly_get_gradients_and_see_in_place_updates():
@@ -567,7 +616,8 @@ def test_gradients_through_a_per_node_loop():
     def loss(w):
         return raggedfn.map(f, x, w, in_dims=(0, None)).values.pow(2).sum()
 
-    got = torch.func.grad(loss)(W)
+    with pytest.warns(RaggedPerformanceWarning, match="flip"):
+        got = torch.func.grad(loss)(W)
     want = torch.func.grad(lambda w: sum(o.pow(2).sum() for o in loop(f, x, w)))(W)
     torch.testing.assert_close(got, want)
 
@@ -792,3 +842,14 @@ def test_gradients_through_ties_along_the_ragged_axis_equal_the_loop(f):
     x = x.with_values((x.values * 1.5).round())
     got, want = _finite_loss_grads(f, x)
     torch.testing.assert_close(got, want)
+
+
+def test_an_explicit_generator_made_inside_f_runs_per_sample():
+    def f(t):  # every sample draws the same weights from a freshly seeded generator
+        return F.linear(t, weights(4, D)).sum(0)
+
+    x = tokens(LENGTHS)
+    for _ in range(2):
+        with pytest.warns(RaggedPerformanceWarning, match="Generator"):
+            assert_same(raggedfn.map(f, x), loop(f, x))
+        raggedfn._map._cache.clear()

@@ -1,29 +1,28 @@
-"""``raggedfn.map`` and ``raggedfn.map_report``: the public entry points."""
+"""``raggedfn.map``, ``raggedfn.map_report`` and ``raggedfn.map_cache_info``."""
 
 from __future__ import annotations
 
-import logging
-import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from .._errors import describe, fail
+from .._errors import RaggedPerformanceWarning, describe, fail
 from .._ragged import Ragged
-from ._fallback import function_loop
-from ._interpret import Recorder, check_guards, make_ctx, output_specs, run
+from . import _cache
+from ._cache import CacheInfo, Variant
+from ._compiled import compiled_map
+from ._deps import walk
+from ._fallback import function_loop, output_specs
+from ._interpret import Recorder, guard_mask, make_ctx, run
 from ._report import MapReport
-from ._trace import Plan, is_ragged_leaf, leaf_kinds, signature, trace
+from ._split import merge, take
+from ._trace import _HINTS, _LOCK, Plan, is_ragged_leaf, leaf_kinds, signature, trace, tracing
 
-logger = logging.getLogger("raggedfn.map")
-
-# (function, in_dims, structure, signature) -> {size classes: Plan or why tracing failed}
-_CACHE: dict[Any, dict[tuple[int, ...], Plan | str]] = {}
-_CACHE_SIZE = 256
-# function object -> its function_key at its last eager call (for compiled calls)
-_KEY_OF: dict[Any, Any] = {}
+_RANDOMNESS = ("different", "same", "error")
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 
 def _normalize_in_dims(fn: str, in_dims: Any, count: int) -> tuple[Any, ...]:
@@ -77,37 +76,14 @@ def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ..
     return dims, leaves, treespec, kinds, batch_sizes[0]
 
 
-def _constant_key(value: Any) -> Any:
-    if isinstance(value, (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)):
-        return (type(value).__name__, value)
-    return ("id", id(value))
-
-
-def function_key(f: Any) -> Any:
-    """What identifies a trace of ``f``: the function itself, or for a plain Python
-    function its code plus the objects its closure cells and directly named globals
-    hold. A lambda re-created at every step with the same captures hits the cache;
-    rebinding a captured tensor (``W = W - lr * g``) is a new key, so the trace never
-    keeps a stale tensor. (Tensors reached indirectly, e.g. through a module's
-    attributes, are used by reference: in-place updates are seen, rebinding is not;
-    pass changing tensors as arguments with ``in_dims=None``.)"""
-    if not isinstance(f, types.FunctionType):
-        return f
-    cells = []
-    for cell in f.__closure__ or ():
-        try:
-            cells.append(_constant_key(cell.cell_contents))
-        except ValueError:  # an empty cell
-            cells.append(None)
-    named = tuple(
-        (name, _constant_key(f.__globals__[name]))
-        for name in f.__code__.co_names
-        if isinstance(f.__globals__.get(name), torch.Tensor)
-    )
-    defaults = tuple(_constant_key(d) for d in f.__defaults__ or ())
-    # text, not objects: dynamo guards on this dict's keys while compiling
-    code = f.__code__
-    return f"{code.co_filename}:{code.co_firstlineno}:{id(code)}|{cells}|{named}|{defaults}"
+def _columns(leaves: list[Any], kinds: list[str]) -> list[torch.Tensor]:
+    """``[B]`` sizes of every ragged axis of every mapped input, flattened in order."""
+    return [
+        leaf.sizes[:, k]
+        for leaf, kind in zip(leaves, kinds, strict=True)
+        if kind == "ragged"
+        for k in range(leaf.num_ragged)
+    ]
 
 
 def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
@@ -115,12 +91,7 @@ def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
     own in every sample (one host sync). Equal axes share one symbol in the trace, so
     ``p + p.transpose(0, 1)`` on square pair states, or pair and token inputs of the
     same length, trace without a size mismatch."""
-    columns = [
-        leaf.sizes[:, k]
-        for leaf, kind in zip(leaves, kinds, strict=True)
-        if kind == "ragged"
-        for k in range(leaf.num_ragged)
-    ]
+    columns = _columns(leaves, kinds)
     if len(columns) < 2:
         return tuple(range(len(columns)))
     table = torch.stack(columns, 1)
@@ -128,70 +99,105 @@ def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
     return tuple(row.index(True) for row in equal)
 
 
-def _assert_classes(leaves: list[Any], kinds: list[str], classes: tuple[int, ...]) -> None:
-    """While compiling: the cached plan's size classes must hold (checked on device)."""
-    columns = [
-        leaf.sizes[:, k]
-        for leaf, kind in zip(leaves, kinds, strict=True)
-        if kind == "ragged"
-        for k in range(leaf.num_ragged)
-    ]
-    for a, c in enumerate(classes):
-        if c != a:
-            torch._assert_async(
-                (columns[a] == columns[c]).all(), "raggedfn.map: ragged sizes differ from the trace"
-            )
+def _roots(f: Any, leaves: list[Any], kinds: list[str]) -> list[tuple[Any, str]]:
+    """What the dependency walk starts from: ``f`` and the non-scalar shared constants
+    (a module passed with ``in_dims=None`` is read like a captured one)."""
+    roots: list[tuple[Any, str]] = [(f, "f")]
+    for i, (leaf, kind) in enumerate(zip(leaves, kinds, strict=True)):
+        if kind == "constant" and type(leaf) not in _SCALARS:
+            roots.append((leaf, f"argument leaf {i}"))
+    return roots
 
 
-def _plan_for(
-    f: Callable[..., Any],
-    args: tuple[Any, ...],
-    dims: Any,
+def _warn(variant: Variant | None, what: str) -> None:
+    if variant is not None:
+        if what in variant.warned:
+            return
+        variant.warned.add(what)
+    warnings.warn(f"raggedfn.map: {what}", RaggedPerformanceWarning, stacklevel=4)
+
+
+def _new_variant(
+    f: Any,
+    roots: list[tuple[Any, str]],
+    static: tuple[Any, ...],
     leaves: list[Any],
-    treespec: Any,
     kinds: list[str],
+    treespec: Any,
+    classes: tuple[int, ...],
+) -> tuple[Variant, list[Any], bool]:
+    """Walk what ``f`` reads and trace a first plan; ``(variant, lifted, cacheable)``."""
+    deps = walk(roots)
+    lifted: list[Any] = [None] * len(deps.lifted)
+    if not deps.check(*(r for r, _ in roots), lifted):
+        raise fail("map", "the state f reads changed while it was being read")
+    variant = Variant(static, deps)
+    hints = tuple(_HINTS[c % len(_HINTS)] for c in range(len(classes)))
+    plan = _trace_plan(f, leaves, kinds, treespec, classes, hints, deps)
+    if isinstance(plan, str):
+        variant.failure = plan
+        return variant, lifted, True
+    variant.plans.append(plan)
+    return variant, lifted, not plan.unknown
+
+
+def _trace_plan(
+    f: Any,
+    leaves: list[Any],
+    kinds: list[str],
+    treespec: Any,
+    classes: tuple[int, ...],
+    hints: tuple[int, ...],
+    deps: Any,
 ) -> Plan | str:
-    if torch.compiler.is_compiling():
-        # dynamo cannot read code objects and closure cells: use the key the last
-        # eager call of this very function object computed
-        fkey = _KEY_OF.get(f)
-    else:
-        fkey = function_key(f)
-        if len(_KEY_OF) >= _CACHE_SIZE:
-            del _KEY_OF[next(iter(_KEY_OF))]
-        _KEY_OF[f] = fkey
-    key = (fkey, dims, str(treespec), signature(leaves, kinds))
-    variants = _CACHE.get(key)
-    if torch.compiler.is_compiling():
-        # no host sync here: use the plan traced eagerly for this signature
-        if variants is None or len(variants) != 1:
-            raise fail(
-                "map",
-                "inside torch.compile, f must have been traced for this input signature by one "
-                "eager call first (found "
-                f"{0 if variants is None else len(variants)} traces); call the step once eagerly",
-            )
-        for classes, plan in variants.items():
-            _assert_classes(leaves, kinds, classes)
-            return plan
+    try:
+        # trace outside any torch.func transform the call runs under
+        with torch._C._DisableFuncTorch(), torch.enable_grad():
+            return trace(f, leaves, kinds, treespec, classes, hints, deps.lifted_ids)
+    except Exception as error:  # data-dependent control flow, unsupported graph, ...
+        first = str(error).splitlines()[0] if str(error) else ""
+        return f"tracing failed: {type(error).__name__}: {first}"[:500]
+
+
+def _lookup(
+    f: Any, leaves: list[Any], kinds: list[str], treespec: Any, dims: Any
+) -> tuple[Variant, list[Any], _cache.Entry, tuple[int, ...]]:
     classes = size_classes(leaves, kinds)
-    if variants is None:
-        variants = {}
-        if len(_CACHE) >= _CACHE_SIZE:  # forget the oldest signature
-            del _CACHE[next(iter(_CACHE))]
-        _CACHE[key] = variants
-    found = variants.get(classes)
-    if found is None:
-        try:
-            # trace outside any torch.func transform the call runs under
-            with torch._C._DisableFuncTorch(), torch.enable_grad():
-                found = trace(f, args, dims, leaves, kinds, treespec, classes)
-        except Exception as error:  # data-dependent control flow, unsupported graph, ...
-            first = str(error).splitlines()[0] if str(error) else ""
-            found = f"tracing failed: {type(error).__name__}: {first}"
-            logger.info("raggedfn.map: %s; running f per sample", found)
-        variants[classes] = found
-    return found
+    static = (dims, str(treespec), signature(leaves, kinds), classes, _cache.global_state())
+    roots = _roots(f, leaves, kinds)
+    values = [r for r, _ in roots]
+    with _LOCK:
+        entry = _cache.entry_of(f, create=True)
+        assert entry is not None
+        found = _cache.find(entry, static, values)
+        if found is not None:
+            entry.hits += 1
+            return found[0], found[1], entry, classes
+        entry.traces += 1
+        variant, lifted, cacheable = _new_variant(
+            f, roots, static, leaves, kinds, treespec, classes
+        )
+        if cacheable:
+            _cache.add(entry, variant)
+        else:
+            _warn(
+                None,
+                "f reads "
+                + "; ".join(variant.plans[0].unknown)
+                + " from a place raggedfn does not follow (not a closure cell, global, "
+                "default, argument, or attribute of those): it is traced again at every "
+                "call so that it is never stale; pass it as an argument (in_dims=None)",
+            )
+        return variant, lifted, entry, classes
+
+
+def _check_randomness(plans: list[Plan], randomness: str) -> None:
+    if randomness != "error":
+        return
+    for plan in plans:
+        for step in plan.steps:
+            if step.random:
+                raise fail("map", f"f calls the random op {step.op} and randomness='error'")
 
 
 def _map(
@@ -199,51 +205,65 @@ def _map(
     args: tuple[Any, ...],
     in_dims: Any,
     strict: bool,
+    randomness: str,
     report: MapReport | None,
 ) -> Any:
+    if randomness not in _RANDOMNESS:
+        raise fail("map", f"randomness must be one of {_RANDOMNESS}, got {randomness!r}")
+    if tracing():
+        # raggedfn.map inside a function being traced for raggedfn.map: the outer
+        # trace fails and the outer call runs per sample, where this call is ordinary
+        raise fail("map", "map nested inside a mapped function is not batched")
     dims, leaves, treespec, kinds, batch_size = _prepare("map", args, in_dims)
-    plan = _plan_for(f, args, dims, leaves, treespec, kinds)
-    if isinstance(plan, str):
+    if torch.compiler.is_compiling():
+        return compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)
+    variant, lifted, entry, classes = _lookup(f, leaves, kinds, treespec, dims)
+    if report is not None:
+        report.traces = entry.traces
+    if variant.failure is not None:
         if strict:
             raise fail(
-                "map", f"f could not be traced ({plan}); strict=True refuses the per-sample loop"
+                "map",
+                f"f could not be traced ({variant.failure}); strict=True refuses the "
+                "per-sample loop",
             )
-        if report is not None:
-            report.whole_loop = plan
-        return function_loop(f, args, dims, batch_size)
+        return _whole_loop(
+            f, args, dims, batch_size, variant, variant.failure, strict, randomness, report, None
+        )
+    _check_randomness(variant.plans, randomness)
     device = next(
         leaf.values.device if isinstance(leaf, Ragged) else leaf.device
         for leaf, k in zip(leaves, kinds, strict=True)
         if k in ("ragged", "dense")
     )
-    ctx, inputs = make_ctx(plan, leaves, batch_size, device)
+    plan = variant.plans[0]
     if report is not None:
-        report.trace_seconds = plan.trace_seconds
-        report.guards = [text for text, _ in plan.guards]
-    if plan.guards and torch.compiler.is_compiling():
-        # no fallback is possible inside a graph: a failing guard stops the run on
-        # device instead of computing the traced branch for a sample it does not fit
-        for text, evaluate in plan.guards:
-            ok = evaluate(ctx.env)
-            if isinstance(ok, torch.Tensor):
-                torch._assert_async(ok.all(), f"raggedfn.map: guard {text} fails")
-            elif not ok:
-                raise fail("map", f"guard {text} fails")
-    elif plan.guards:
-        failed = check_guards(plan, ctx)
-        if failed:
-            reason = "; ".join(f"guard {g} fails for {n} sample(s)" for g, n in failed)
-            if strict:
-                raise fail(
-                    "map",
-                    f"the trace of f holds only under {reason}; strict=True refuses the per-sample loop",
-                )
-            if report is not None:
-                report.whole_loop = reason
-            logger.info("raggedfn.map: %s; running f per sample", reason)
-            return function_loop(f, args, dims, batch_size, output_specs(plan))
+        report.trace_seconds = sum(p.trace_seconds for p in variant.plans)
+        report.guards = [text for p in variant.plans for text, _ in p.guards]
+    ctx, inputs = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
     recorder = Recorder() if report is not None else None
-    out = run(plan, ctx, inputs, strict, recorder)
+    ok = guard_mask(plan, ctx)
+    if ok is None:  # every sample meets the guards: the common case, no split
+        out = run(plan, ctx, inputs, strict, recorder)
+    else:
+        out = _split(
+            f,
+            args,
+            dims,
+            leaves,
+            kinds,
+            treespec,
+            batch_size,
+            device,
+            variant,
+            lifted,
+            classes,
+            ok,
+            strict,
+            randomness,
+            recorder,
+            report,
+        )
     if report is not None and recorder is not None:
         report.batched = dict(recorder.batched)
         report.fallback = dict(recorder.fallback)
@@ -251,15 +271,187 @@ def _map(
     return out
 
 
-def map(f: Callable[..., Any], *args: Any, in_dims: Any = 0, strict: bool = False) -> Any:
+def _whole_loop(
+    f: Any,
+    args: tuple[Any, ...],
+    dims: Any,
+    batch_size: int,
+    variant: Variant | None,
+    reason: str,
+    strict: bool,
+    randomness: str,
+    report: MapReport | None,
+    specs: list[Any] | None,
+) -> Any:
+    if strict:
+        raise fail("map", f"{reason}; strict=True refuses the per-sample loop")
+    if report is not None:
+        report.whole_loop = reason
+    _warn(variant, f"f runs as a per-sample loop ({reason})")
+    return function_loop(f, args, dims, batch_size, specs, randomness)
+
+
+def _split(
+    f: Any,
+    args: tuple[Any, ...],
+    dims: Any,
+    leaves: list[Any],
+    kinds: list[str],
+    treespec: Any,
+    batch_size: int,
+    device: Any,
+    variant: Variant,
+    lifted: list[Any],
+    classes: tuple[int, ...],
+    first_ok: torch.Tensor,
+    strict: bool,
+    randomness: str,
+    recorder: Recorder | None,
+    report: MapReport | None,
+) -> Any:
+    """Some samples fail the first plan's guards: group samples by the plan they meet
+    (tracing a new plan on a failing sample's sizes, up to ``MAX_PLANS``), run each
+    group batched, the rest per sample, and merge the results in sample order."""
+    remaining = torch.ones(batch_size, dtype=torch.bool, device=device)
+    groups: list[tuple[torch.Tensor, Plan]] = []
+    failed_guards: list[str] = []
+    index = 0
+    while bool(remaining.any()):
+        if index < len(variant.plans):
+            plan = variant.plans[index]
+            ctx, _ = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
+            ok = first_ok if index == 0 else guard_mask(plan, ctx)
+            mine = remaining if ok is None else remaining & ok
+            if ok is not None:
+                failed_guards.extend(
+                    text for text, evaluate in plan.guards if _fails(evaluate, ctx, remaining)
+                )
+            if bool(mine.any()):
+                groups.append((mine.nonzero().flatten(), plan))
+                remaining = remaining & ~mine
+            index += 1
+            continue
+        if len(variant.plans) >= _cache.MAX_PLANS or variant.exhausted is not None:
+            break
+        # trace again with the sizes of the first sample no plan fits
+        sample = int(remaining.nonzero()[0])
+        hints = _class_hints(_columns(leaves, kinds), classes, sample)
+        with _LOCK:
+            new = _trace_plan(f, leaves, kinds, treespec, classes, hints, variant.deps)
+        if isinstance(new, str) or new.unknown:
+            variant.exhausted = new if isinstance(new, str) else "unfollowed captured tensors"
+            break
+        _check_randomness([new], randomness)
+        variant.plans.append(new)
+    if report is not None:
+        report.guards = [text for p in variant.plans for text, _ in p.guards]
+    loop_index = remaining.nonzero().flatten() if bool(remaining.any()) else None
+    if loop_index is not None:
+        reason = "; ".join(sorted(set(failed_guards))) or "no trace fits these sizes"
+        reason = f"guard {reason} fails for {loop_index.numel()} sample(s)"
+        if strict:
+            raise fail(
+                "map",
+                f"the trace of f holds only under {reason}; strict=True refuses the per-sample loop",
+            )
+        if report is not None:
+            report.whole_loop = reason if not groups else None
+            report.partial_loop = reason
+        _warn(variant, f"some samples run per sample ({reason})")
+    if not groups:
+        return _whole_loop(
+            f,
+            args,
+            dims,
+            batch_size,
+            variant,
+            reason,
+            strict,
+            randomness,
+            None,
+            output_specs(variant.plans[0]),
+        )
+    flat_parts: list[list[tuple[torch.Tensor, Any]]] = []
+    out_spec = None
+    for sample_index, plan in groups:
+        sub = [
+            take(leaf, sample_index) if kind in ("ragged", "dense") else leaf
+            for leaf, kind in zip(leaves, kinds, strict=True)
+        ]
+        ctx, inputs = make_ctx(plan, sub, int(sample_index.numel()), device, lifted, randomness)
+        out = run(plan, ctx, inputs, strict, recorder)
+        flat, spec = pytree.tree_flatten(out, is_leaf=is_ragged_leaf)
+        if out_spec is None:
+            out_spec = spec
+        elif spec != out_spec:
+            raise fail(
+                "map",
+                f"f returns different structures for different samples: {out_spec} and {spec}",
+            )
+        flat_parts.append([(sample_index, leaf) for leaf in flat])
+    if loop_index is not None:
+        sub_args = pytree.tree_unflatten(
+            [
+                take(leaf, loop_index) if kind in ("ragged", "dense") else leaf
+                for leaf, kind in zip(leaves, kinds, strict=True)
+            ],
+            treespec,
+        )
+        out = function_loop(
+            f,
+            sub_args,
+            dims,
+            int(loop_index.numel()),
+            output_specs(groups[0][1]),
+            randomness,
+            loop_index.tolist(),
+        )
+        flat, spec = pytree.tree_flatten(out, is_leaf=is_ragged_leaf)
+        if spec != out_spec:
+            raise fail(
+                "map",
+                f"f returns different structures for different samples: {out_spec} and {spec}",
+            )
+        flat_parts.append([(loop_index, leaf) for leaf in flat])
+    columns = list(zip(*flat_parts, strict=True))
+    return pytree.tree_unflatten([merge(list(col), batch_size) for col in columns], out_spec)
+
+
+def _class_hints(
+    columns: list[torch.Tensor], classes: tuple[int, ...], sample: int
+) -> tuple[int, ...]:
+    """Example sizes per size class: those of ``sample``."""
+    hints = [0] * len(classes)
+    for axis, c in enumerate(classes):
+        hints[c] = int(columns[axis][sample])
+    return tuple(hints)
+
+
+def _fails(evaluate: Any, ctx: Any, among: torch.Tensor) -> bool:
+    ok = evaluate(ctx.env)
+    if isinstance(ok, torch.Tensor):
+        return bool((among & ~ok.bool()).any())
+    return not ok and bool(among.any())
+
+
+def map(
+    f: Callable[..., Any],
+    *args: Any,
+    in_dims: Any = 0,
+    strict: bool = False,
+    randomness: str = "different",
+) -> Any:
     """Run the per-sample function ``f`` over a batch, as one batched computation.
 
     Equals ``[f(*(a[i] if d == 0 else a for a, d in zip(args, in_dims))) for i in range(B)]``
     restacked: per-sample outputs whose shape depends on a ragged size become
-    ``Ragged``, fixed-shape outputs a dense ``[B, ...]`` tensor, leaf by leaf.
-    ``f`` is traced once per input signature (structure, layouts, dtypes,
-    dense shapes) and each traced op runs through a batching rule; an op
-    without one runs as a per-sample loop for that node (see ``map_report``).
+    ``Ragged``, fixed-shape outputs a dense ``[B, ...]`` tensor, per-sample
+    numbers a ``[B]`` tensor, leaf by leaf. ``f`` is traced once per input
+    signature and state of what it reads besides its arguments (module
+    ``training`` flags, Python numbers in closures and globals, ...); tensors it
+    captures are read afresh at every call. Each traced op runs through a
+    batching rule; an op without one runs as a per-sample loop for that node
+    (a :class:`RaggedPerformanceWarning` says so; see ``map_report``).
 
     Args:
         f: a function of per-sample tensors (ordinary torch code).
@@ -267,6 +459,9 @@ def map(f: Callable[..., Any], *args: Any, in_dims: Any = 0, strict: bool = Fals
             values such as parameters (with ``in_dims`` None).
         in_dims: 0 (mapped) or None (shared), one for all or one per argument.
         strict: raise ``RaggedError`` instead of running any per-sample loop.
+        randomness: as in ``torch.func.vmap``: ``"different"`` (random ops draw
+            independently for every sample, like the loop), ``"same"`` (one draw
+            shared by all samples; refused for ragged shapes) or ``"error"``.
 
     Returns:
         The outputs of ``f`` for all samples, with ``f``'s pytree structure.
@@ -274,8 +469,11 @@ def map(f: Callable[..., Any], *args: Any, in_dims: Any = 0, strict: bool = Fals
     Raises:
         RaggedError: ``in_dims`` is not 0/None per argument or has the wrong length; no
             argument is mapped; a mapped argument is not a ``Ragged`` or a tensor with a
-            batch axis; mapped arguments disagree on the batch size; with ``strict=True``,
-            an op would run as a per-sample loop.
+            batch axis; mapped arguments disagree on the batch size; ``randomness`` is
+            not one of the three; ``f`` raises for some sample in the per-sample loop (the
+            message names the sample and the original error); ``randomness="error"`` and
+            ``f`` draws random numbers; with ``strict=True``, anything would run as a
+            per-sample loop.
 
     Examples:
         >>> import torch, raggedfn
@@ -285,21 +483,25 @@ def map(f: Callable[..., Any], *args: Any, in_dims: Any = 0, strict: bool = Fals
         >>> y.shape
         torch.Size([2, 5])
     """
-    return _map(f, args, in_dims, strict, None)
+    return _map(f, args, in_dims, strict, randomness, None)
 
 
-def map_report(f: Callable[..., Any], *args: Any, in_dims: Any = 0) -> MapReport:
+def map_report(
+    f: Callable[..., Any], *args: Any, in_dims: Any = 0, randomness: str = "different"
+) -> MapReport:
     """Run ``map(f, *args, in_dims=in_dims)`` and report how each op ran.
 
     Args:
         f: the per-sample function, as for :func:`map`.
         *args: its arguments, as for :func:`map`.
         in_dims: as for :func:`map`.
+        randomness: as for :func:`map`.
 
     Returns:
         A :class:`MapReport`: ops that ran batched, ops that ran per sample
         (with the reason), guards of the trace, whether the whole function fell
         back to the per-sample loop, and the trace time. ``str(report)`` reads well.
+        No :class:`RaggedPerformanceWarning` is emitted: the report says it all.
 
     Raises:
         RaggedError: as :func:`map`.
@@ -312,5 +514,40 @@ def map_report(f: Callable[..., Any], *args: Any, in_dims: Any = 0) -> MapReport
         True
     """
     report = MapReport()
-    report.output = _map(f, args, in_dims, False, report)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        report.output = _map(f, args, in_dims, False, randomness, report)
     return report
+
+
+def map_cache_info(f: Callable[..., Any]) -> CacheInfo:
+    """How many times ``raggedfn.map`` traced ``f`` (or its code), and what it keeps.
+
+    Functions re-created at every call (a lambda inside a loss) share the entry
+    of their code; modules and callable objects share the entry of their class.
+
+    Args:
+        f: a function (or module, or callable object) given to :func:`map`.
+
+    Returns:
+        A :class:`CacheInfo`: ``traces`` (how many times the code was traced),
+        ``hits``, ``variants``, ``plans`` and ``evictions``; all zero for a function
+        never mapped.
+
+    Raises:
+        Nothing: any object is accepted.
+
+    Examples:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
+        >>> def f(t):
+        ...     return t.sum(0)
+        >>> for _ in range(3):
+        ...     _ = raggedfn.map(f, x)
+        >>> raggedfn.map_cache_info(f).traces
+        1
+    """
+    return _cache.info(f)
+
+
+__all__ = ["map", "map_cache_info", "map_report"]

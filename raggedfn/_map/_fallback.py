@@ -1,23 +1,29 @@
 """Per-sample loops: for one graph node without a batching rule, or for a whole function.
 
-Both are correct and slow (a Python loop with host syncs); ``map_report``
-lists every use and ``strict=True`` refuses them.
+Both are correct and slow (a Python loop with host syncs); ``map_report`` lists
+every use, a :class:`~raggedfn.RaggedPerformanceWarning` announces the first of
+each kind, and ``strict=True`` refuses them. The whole-function loop passes
+every sample as a copy, so ``f`` writing into its argument never reaches the
+caller's packed values, and an exception ``f`` raises for a sample comes back as
+a ``RaggedError`` naming the sample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._construct import from_list
-from .._errors import fail
+from .._errors import RaggedError, fail
 from .._ragged import Ragged
 from ._sizes import Sz
-from ._trace import TSpec
+from ._trace import Plan, Ref, TSpec
 from ._values import Ctx, DenseB, RaggedB, SymB, canonical_layout, make_ragged
 
 
@@ -37,21 +43,32 @@ def sample_of(ctx: Ctx, value: Any, i: int) -> Any:
     return value
 
 
-def restack(ctx: Ctx, outs: list[Any], spec: Any) -> Any:
+def _define(ctx: Ctx, sz: Any, column: list[int]) -> None:
+    """A data-dependent size (an unbacked symbol) learns its per-sample values."""
+    if isinstance(sz, Sz) and sz.key.startswith("u") and sz.key[1:].isdigit():
+        ctx.env[sz.key] = torch.tensor(column, dtype=torch.int64, device=ctx.device)
+
+
+def restack(ctx: Ctx, outs: list[Any], spec: Any, defines: tuple[str, ...] = ()) -> Any:
     """Per-sample results of one node packed as the batched value its traced spec says."""
     if isinstance(spec, tuple):
-        return tuple(restack(ctx, [o[j] for o in outs], s) for j, s in enumerate(spec))
+        return tuple(restack(ctx, [o[j] for o in outs], s, defines) for j, s in enumerate(spec))
     if isinstance(spec, Sz):
+        if defines:
+            _define(ctx, spec, [int(o) for o in outs])
         return SymB(spec)
     if not isinstance(spec, TSpec):
         if outs and all(o == outs[0] for o in outs):
             return outs[0]
-        return DenseB(torch.tensor(outs))
+        return DenseB(torch.tensor(outs, device=ctx.device))
     if not spec.ragged:
         if not outs:
             return DenseB(torch.empty(0, *spec.shape, dtype=spec.dtype, device=ctx.device))
         return DenseB(torch.stack(outs))
     positions = tuple(p for p, s in enumerate(spec.shape) if isinstance(s, Sz))
+    if defines:
+        for p in positions:
+            _define(ctx, spec.shape[p], [int(o.shape[p]) for o in outs])
     layout = canonical_layout(len(spec.shape), positions)
     dense = [s for s in spec.shape if not isinstance(s, Sz)]
     to_physical = layout.logical_to_physical()
@@ -66,15 +83,37 @@ def restack(ctx: Ctx, outs: list[Any], spec: Any) -> Any:
     return out
 
 
-def node_loop(
-    ctx: Ctx, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any
-) -> Any:
+@contextlib.contextmanager
+def _rng(randomness: str) -> Iterator[Callable[[], None]]:
+    """``next_sample()`` before each sample: the same draws for every sample under
+    ``"same"``, a ``RaggedError`` on any random op under ``"error"``."""
+    if randomness == "error":
+        with _RefuseRandom():
+            yield lambda: None
+        return
+    if randomness == "same":
+        state = torch.random.get_rng_state()
+        yield lambda: torch.random.set_rng_state(state)
+        return
+    yield lambda: None
+
+
+class _RefuseRandom(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            raise fail("map", f"f calls the random op {func} and randomness='error'")
+        return func(*args, **(kwargs or {}))
+
+
+def node_loop(ctx: Ctx, step: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     outs = []
-    for i in range(ctx.batch_size):
-        a = sample_of(ctx, args, i)
-        k = {key: sample_of(ctx, v, i) for key, v in kwargs.items()}
-        outs.append(target(*a, **k))
-    return restack(ctx, outs, spec)
+    with _rng(ctx.randomness) as next_sample:
+        for i in range(ctx.batch_size):
+            a = sample_of(ctx, args, i)
+            k = {key: sample_of(ctx, v, i) for key, v in kwargs.items()}
+            next_sample()
+            outs.append(step.target(*a, **k))
+    return restack(ctx, outs, step.out, step.defines)
 
 
 def function_loop(
@@ -83,21 +122,40 @@ def function_loop(
     in_dims: tuple[Any, ...],
     batch_size: int,
     specs: list[Any] | None = None,
+    randomness: str = "different",
+    names: list[int] | None = None,
 ) -> Any:
-    """``[fn(*sample_i) for i]`` restacked.
+    """``[fn(*sample_i) for i]`` restacked, each sample a copy of the caller's data.
+
+    ``names`` are the samples' indices in the caller's batch (for error messages)
+    when ``args`` hold only some of its samples.
 
     ``specs`` (the traced outputs, when a trace exists) say which axes are ragged,
-    so the result has the same structure as a batched run; without them, axes
-    whose sizes differ between samples become ragged.
+    so the result has the same structure as a batched run. Without them (``f``
+    could not be traced), an output axis is ragged when its size differs between
+    samples or equals, in every sample, one of that sample's input ragged sizes
+    (so ``t * 2`` is ragged even on a batch of equal lengths).
     """
 
     def pick(a: Any, i: int) -> Any:
-        return pytree.tree_map(lambda leaf: leaf[i], a, is_leaf=lambda v: isinstance(v, Ragged))
+        return pytree.tree_map(
+            lambda leaf: leaf[i].clone(), a, is_leaf=lambda v: isinstance(v, Ragged)
+        )
 
     results = []
-    for i in range(batch_size):
-        sample = [pick(a, i) if d == 0 else a for a, d in zip(args, in_dims, strict=True)]
-        results.append(fn(*sample))
+    with _rng(randomness) as next_sample:
+        for i in range(batch_size):
+            sample = [pick(a, i) if d == 0 else a for a, d in zip(args, in_dims, strict=True)]
+            next_sample()
+            try:
+                results.append(fn(*sample))
+            except RaggedError:
+                raise
+            except Exception as error:
+                name = i if names is None else names[i]
+                raise fail(
+                    "map", f"f raised {type(error).__name__} for sample {name}: {error}"
+                ) from error
     if not results:
         raise fail(
             "map",
@@ -105,25 +163,61 @@ def function_loop(
         )
     flat = [pytree.tree_flatten(r) for r in results]
     spec = flat[0][1]
+    for i, (_, other) in enumerate(flat):
+        if other != spec:
+            raise fail("map", f"f returns a different structure for sample {i}: {other} vs {spec}")
     columns = list(zip(*(leaves for leaves, _ in flat), strict=True))
     if specs is None or len(specs) != len(columns):
         specs = [None] * len(columns)
-    packed = [_stack_column(list(col), s) for col, s in zip(columns, specs, strict=True)]
+    sizes = _input_sizes(args, in_dims, batch_size)
+    packed = [_stack_column(list(col), s, sizes) for col, s in zip(columns, specs, strict=True)]
     return pytree.tree_unflatten(packed, spec)
 
 
-def _stack_column(col: list[Any], spec: Any = None) -> Any:
+def _input_sizes(
+    args: tuple[Any, ...], in_dims: tuple[Any, ...], batch_size: int
+) -> list[set[int]]:
+    """Each sample's ragged input sizes (for the structure of untraced outputs)."""
+    sizes: list[set[int]] = [set() for _ in range(batch_size)]
+    for a, d in zip(args, in_dims, strict=True):
+        if d != 0:
+            continue
+        for leaf in pytree.tree_leaves(a, is_leaf=lambda v: isinstance(v, Ragged)):
+            if isinstance(leaf, Ragged):
+                for i, row in enumerate(leaf.sizes.tolist()):
+                    sizes[i].update(row)
+    return sizes
+
+
+def _stack_column(col: list[Any], spec: Any, input_sizes: list[set[int]]) -> Any:
     if not all(isinstance(c, Tensor) for c in col):
-        return torch.tensor(col)
+        if all(isinstance(c, (bool, int, float, complex)) for c in col):
+            return torch.tensor(col)
+        if all(c == col[0] for c in col):
+            return col[0]
+        return col
     if isinstance(spec, TSpec) and all(c.ndim == len(spec.shape) for c in col):
         positions = tuple(1 + p for p, s in enumerate(spec.shape) if isinstance(s, Sz))
         if positions:
             return from_list(col, ragged_dims=positions)
-    shapes = {tuple(c.shape) for c in col}
-    if len(shapes) == 1:
-        return torch.stack(col)
+        if len({tuple(c.shape) for c in col}) == 1:
+            return torch.stack(col)
+    ranks = {c.ndim for c in col}
+    if len(ranks) != 1:
+        raise fail(
+            "map", f"f returns tensors of different ranks for different samples: {sorted(ranks)}"
+        )
     rank = col[0].ndim
-    varying = tuple(1 + a for a in range(rank) if len({c.shape[a] for c in col}) > 1)
+    varying = tuple(
+        1 + a
+        for a in range(rank)
+        if len({c.shape[a] for c in col}) > 1
+        or (
+            any(input_sizes) and all(c.shape[a] in s for c, s in zip(col, input_sizes, strict=True))
+        )
+    )
+    if not varying:
+        return torch.stack(col)
     return from_list(col, ragged_dims=varying)
 
 
@@ -137,7 +231,16 @@ def to_output(ctx: Ctx, value: Any) -> Any:
         return ctx.eval(value.sz)
     if isinstance(value, Tensor):
         return value.unsqueeze(0).expand(ctx.batch_size, *value.shape)
+    if isinstance(value, (bool, int, float, complex)):
+        # a per-sample number that happens to be the same for every sample: [B] as well
+        return torch.tensor([value] * ctx.batch_size, device=ctx.device)
     return value
 
 
-__all__ = ["function_loop", "node_loop", "restack", "sample_of", "to_output"]
+def output_specs(plan: Plan) -> list[Any]:
+    """The traced spec of every flat output (None for constants and inputs)."""
+    by_index = {step.index: step.out for step in plan.steps}
+    return [by_index.get(o.index) if isinstance(o, Ref) else None for o in plan.outputs]
+
+
+__all__ = ["function_loop", "node_loop", "output_specs", "restack", "sample_of", "to_output"]

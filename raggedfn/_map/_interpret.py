@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import logging
+import warnings
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from .._errors import fail
-from . import _rules_linalg, _rules_pointwise, _rules_reduce, _rules_shape  # noqa: F401
+from .._errors import RaggedPerformanceWarning, fail
+from . import _rules_linalg, _rules_pointwise, _rules_reduce, _rules_select, _rules_shape  # noqa: F401
 from ._fallback import node_loop, to_output
 from ._sizes import Sz, Unsupported, product_key
 from ._trace import Plan, Ref, Step
 from ._values import Ctx, DenseB, RaggedB, Struct, SymB, is_batched
-
-logger = logging.getLogger("raggedfn.map")
-_logged: set[tuple[str, str]] = set()
 
 
 class Recorder:
@@ -29,25 +26,38 @@ class Recorder:
         self.unbatched: dict[str, int] = {}
 
 
-def check_guards(plan: Plan, ctx: Ctx) -> list[tuple[str, int]]:
-    """Guards of the trace that some sample violates: ``(guard, number of samples)``."""
-    failed = []
-    for text, evaluate in plan.guards:
-        ok = evaluate(ctx.env)
-        if isinstance(ok, Tensor):
-            bad = int((~ok.bool()).sum()) if ok.ndim else int(not bool(ok))
-        else:
-            bad = 0 if ok else ctx.batch_size
-        if bad and ctx.batch_size:
-            failed.append((text, bad))
-    return failed
+def guard_mask(plan: Plan, ctx: Ctx) -> Tensor | None:
+    """``None`` when every sample meets every guard of ``plan``, else the ``[B]`` mask
+    of the samples that do (one host sync per call when the plan has guards)."""
+    if not plan.guards or ctx.batch_size == 0:
+        return None
+    ok: Any = True
+    for _, evaluate in plan.guards:
+        value = evaluate(ctx.env)
+        if isinstance(value, Tensor):
+            value = value.bool()
+            ok = value if ok is True else ok & value
+        elif not value:
+            return torch.zeros(ctx.batch_size, dtype=torch.bool, device=ctx.device)
+    if ok is True or bool(ok.all()):
+        return None
+    return ok
 
 
-def make_ctx(plan: Plan, leaves: list[Any], batch_size: int, device: Any) -> tuple[Ctx, list[Any]]:
+def make_ctx(
+    plan: Plan,
+    leaves: list[Any],
+    batch_size: int,
+    device: Any,
+    lifted: list[Any] | None = None,
+    randomness: str = "different",
+) -> tuple[Ctx, list[Any]]:
     env: dict[str, Tensor] = {}
     totals: dict[str, Any] = {}
     inputs: list[Any] = []
     ctx = Ctx(batch_size, env, totals, device)
+    ctx.lifted = lifted or []
+    ctx.randomness = randomness
     for i in plan.placeholders:
         leaf, kind = leaves[i], plan.leaf_kinds[i]
         if kind.kind == "ragged":
@@ -77,18 +87,27 @@ def run(plan: Plan, ctx: Ctx, inputs: list[Any], strict: bool, recorder: Recorde
         return a
 
     for step in plan.steps:
+        if step.slot is not None:  # a captured tensor, read afresh at this call
+            values.append(ctx.lifted[step.slot])
+            continue
         args = tuple(resolve(a) for a in step.args)
         kwargs = {k: resolve(v) for k, v in step.kwargs.items()}
-        result = _run_step(ctx, step, args, kwargs, strict, recorder)
+        result = _run_step(ctx, plan, step, args, kwargs, strict, recorder)
         values.append(result)
         for alias in step.rebind or ():
             values[alias] = result
+        for name in step.defines:
+            if name not in ctx.env:
+                raise fail(
+                    "map", f"op {step.op} made a data-dependent size its rule did not define"
+                )
     flat = [to_output(ctx, resolve(o)) for o in plan.outputs]
     return pytree.tree_unflatten(flat, plan.out_spec)
 
 
 def _run_step(
     ctx: Ctx,
+    plan: Plan,
     step: Step,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -97,13 +116,28 @@ def _run_step(
 ) -> Any:
     name = step.op
     out = step.out
-    if step.batched and isinstance(out, Sz):
+    if step.batched and isinstance(out, Sz) and not step.defines:
         return SymB(out)  # a per-sample size: its expression is known, nothing to run
     if step.batched and isinstance(out, (int, float, bool)) and not isinstance(out, Tensor):
         return out  # a size that is the same for every sample
     if step.getitem and isinstance(args[0], (tuple, list)):
         return args[0][args[1]]
-    if not step.batched or not any(is_batched(a) for a in _leaves(args, kwargs)):
+    has_batched = any(is_batched(a) for a in _leaves(args, kwargs))
+    if step.random and not has_batched:
+        if ctx.randomness == "same":
+            return step.target(*args, **kwargs)  # one draw for every sample
+        return _random_rule(ctx, step, args, kwargs)
+    if (
+        step.random
+        and ctx.randomness == "same"
+        and any(isinstance(a, RaggedB) for a in _leaves(args, kwargs))
+    ):
+        raise fail(
+            "map",
+            f"randomness='same' cannot share one draw of {name} between samples of different "
+            "shapes; use randomness='different'",
+        )
+    if not step.batched or not has_batched:
         if recorder is not None and name:
             recorder.unbatched[name] = recorder.unbatched.get(name, 0) + 1
         return step.target(*args, **kwargs)
@@ -119,6 +153,12 @@ def _run_step(
             return result
         except Unsupported as error:
             reason = str(error)
+    if torch.compiler.is_compiling():
+        raise fail(
+            "map",
+            f"op {name} has no batching rule for this use ({reason}), and a per-sample loop "
+            "cannot run inside torch.compile(fullgraph=True); run this call eagerly",
+        )
     if strict:
         raise fail(
             "map",
@@ -127,16 +167,14 @@ def _run_step(
         )
     if recorder is not None:
         recorder.fallback[name] = reason
-    if (name, reason) not in _logged:
-        _logged.add((name, reason))
-        logger.info("raggedfn.map: %s runs as a per-sample loop (%s)", name, reason)
-    return node_loop(ctx, step.target, args, kwargs, out)
-
-
-def output_specs(plan: Plan) -> list[Any]:
-    """The traced spec of every flat output (None for constants and inputs)."""
-    by_index = {step.index: step.out for step in plan.steps}
-    return [by_index.get(o.index) if isinstance(o, Ref) else None for o in plan.outputs]
+    if (name, reason) not in plan.warned:
+        plan.warned.add((name, reason))
+        warnings.warn(
+            f"raggedfn.map: {name} runs as a per-sample loop ({reason})",
+            RaggedPerformanceWarning,
+            stacklevel=5,
+        )
+    return node_loop(ctx, step, args, kwargs)
 
 
 def _vmap_rule(ctx: Ctx, step: Step, *args: Any, **kwargs: Any) -> Any:
@@ -149,6 +187,8 @@ def _vmap_rule(ctx: Ctx, step: Step, *args: Any, **kwargs: Any) -> Any:
     tensor_slots = [i for i, v in enumerate(data) if isinstance(v, Tensor)]
     if any(dims[i] == 0 for i in range(len(data)) if i not in tensor_slots):
         raise Unsupported("a batched non-tensor")
+    if not any(dims[i] == 0 for i in tensor_slots):
+        raise Unsupported("no batched tensor")
 
     def call(*tensors: Any) -> Any:
         full = list(data)
@@ -157,12 +197,27 @@ def _vmap_rule(ctx: Ctx, step: Step, *args: Any, **kwargs: Any) -> Any:
         a, k = pytree.tree_unflatten(full, spec)
         return step.target(*a, **k)
 
+    randomness = ctx.randomness if step.random else "error"
     try:
-        out = torch.vmap(
-            call, in_dims=tuple(dims[i] for i in tensor_slots), randomness="different"
-        )(*(data[i] for i in tensor_slots))
+        out = torch.vmap(call, in_dims=tuple(dims[i] for i in tensor_slots), randomness=randomness)(
+            *(data[i] for i in tensor_slots)
+        )
     except Exception as error:  # an op torch.vmap cannot batch: loop instead
         raise Unsupported(f"torch.vmap: {type(error).__name__}") from error
+    return pytree.tree_map(DenseB, out) if isinstance(out, (tuple, list)) else DenseB(out)
+
+
+def _random_rule(ctx: Ctx, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A random op on shared inputs: one independent draw per sample, as the loop makes."""
+    if ctx.batch_size == 0:
+        spec = step.out
+        return DenseB(torch.empty(0, *spec.shape, dtype=spec.dtype, device=ctx.device))
+    dummy = torch.empty(ctx.batch_size, device=ctx.device)
+
+    def call(_: Tensor) -> Any:
+        return step.target(*args, **kwargs)
+
+    out = torch.vmap(call, randomness="different")(dummy)
     return pytree.tree_map(DenseB, out) if isinstance(out, (tuple, list)) else DenseB(out)
 
 
@@ -176,4 +231,4 @@ def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     return out
 
 
-__all__ = ["Recorder", "check_guards", "make_ctx", "output_specs", "run"]
+__all__ = ["Recorder", "guard_mask", "make_ctx", "run"]

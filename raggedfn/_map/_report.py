@@ -16,6 +16,9 @@ class MapReport:
         unbatched: op name -> nodes that did not depend on the samples (run once).
         guards: conditions on ragged sizes the trace relies on (checked per batch).
         whole_loop: why the whole function ran per sample, or None.
+        partial_loop: why some samples ran per sample (their sizes fail every
+            trace's guards) while the others ran batched, or None.
+        traces: how many times ``f`` (its code) has been traced so far.
         trace_seconds: time spent tracing this signature (when it was traced).
         output: the result of the call.
 
@@ -36,18 +39,23 @@ class MapReport:
     unbatched: dict[str, int] = dataclasses.field(default_factory=dict)
     guards: list[str] = dataclasses.field(default_factory=list)
     whole_loop: str | None = None
+    partial_loop: str | None = None
+    traces: int = 0
     trace_seconds: float = 0.0
     output: Any = None
 
     @property
     def fully_batched(self) -> bool:
         """True when no per-sample loop ran."""
-        return self.whole_loop is None and not self.fallback
+        return self.whole_loop is None and self.partial_loop is None and not self.fallback
 
     def __str__(self) -> str:
         lines = ["raggedfn.map report"]
         if self.whole_loop is not None:
             lines.append(f"  whole function ran per sample: {self.whole_loop}")
+        elif self.partial_loop is not None:
+            lines.append(f"  some samples ran per sample: {self.partial_loop}")
+        lines.append(f"  traces of f so far: {self.traces}")
         lines.append(f"  trace time: {self.trace_seconds:.3f} s")
         if self.guards:
             lines.append("  guards on sizes: " + ", ".join(self.guards))

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import _prims
+from .._errors import RaggedError
 from ._registry import rule
 from ._sizes import Sz, Unsupported
 from ._values import (
@@ -141,6 +142,8 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     dense = [p for p in dims if not axes_of(x.layout)[p].ragged]
     if not ragged:
         return _dense_only(step, x, args, kwargs, dims)
+    if kind in ("argmax", "argmin", "amax", "amin"):
+        refuse_empty(ctx, step, x, {axes_of(x.layout)[p].index for p in ragged})
     if kind in ("argmax", "argmin"):
         if bound.get("dim") is None:
             raise Unsupported("argmax/argmin of a flattened ragged value")
@@ -152,6 +155,8 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     dtype = bound.get("dtype")
     if dtype is not None:
         values = values.to(dtype)
+    elif kind in ("sum", "prod") and values.dtype != step.out.dtype:
+        values = values.to(step.out.dtype)  # torch's promotion: a sum of bools counts (int64)
     value_dims = [1 + axes_of(x.layout)[p].index for p in dense]
     reduced = {axes_of(x.layout)[p].index for p in ragged}
     index, count, sz = reduce_index(ctx, x, reduced)
@@ -223,6 +228,26 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     else:
         raise Unsupported(kind)
     return _finish(ctx, out.to(step.out.dtype), step.out.shape, sz, out_struct)
+
+
+def refuse_empty(ctx: Ctx, step: Any, x: RaggedB, reduced: set[int]) -> None:
+    """torch refuses max/min/argmax/argmin over an empty axis: so does every sample
+    (the per-sample loop would raise there; an identity value would be invented)."""
+    empty = torch.zeros_like(x.struct.sizes[:, 0], dtype=torch.bool) if reduced else None
+    for k in reduced:
+        empty = empty | (x.struct.sizes[:, k] == 0)
+    if empty is None:
+        return
+    message = (
+        f"map: {step.op} of an empty axis: torch raises IndexError there (Expected reduction "
+        "dim to have non-zero size)"
+    )
+    if torch.compiler.is_compiling():
+        torch._assert_async(~empty.any(), message)
+        return
+    if bool(empty.any()):
+        sample = int(empty.nonzero()[0])
+        raise RaggedError(f"{message}, for sample {sample}")
 
 
 def _dense_only(
@@ -352,6 +377,7 @@ def max_dim_rule(ctx: Ctx, step: Any, x: Any, dim: int, keepdim: bool = False) -
             RaggedB(values, layout, x.sz, x.struct),
             RaggedB(indices, layout, x.sz, x.struct),
         )
+    refuse_empty(ctx, step, x, {axis.index})
     largest = step.target.overloadpacket is aten.max
     values = x.values
     with torch.no_grad():

@@ -198,8 +198,13 @@ def _exact_division(expr: Any) -> Any:
     return expr.replace(symfn.FloorDiv, simplify)
 
 
-def sz_of(expr: Any) -> Sz | int:
-    """A traced size (int or symbolic) as a static int or a :class:`Sz`."""
+def sz_of(expr: Any, replace: dict[Any, Any] | None = None) -> Sz | int:
+    """A traced size (int or symbolic) as a static int or a :class:`Sz`.
+
+    ``replace`` maps expressions to equal ones (from the trace's equality guards,
+    which every sample is checked against): two spellings of one size, such as
+    ``Max(0, s - Min(1, s))`` and ``Max(0, s - 1)``, get one key.
+    """
     if isinstance(expr, torch.SymInt):
         expr = expr.node.expr
     if isinstance(expr, int):
@@ -208,6 +213,13 @@ def sz_of(expr: Any) -> Sz | int:
         return int(expr)
     if not expr.free_symbols:
         return int(expr)
+    for _ in range(8):
+        if not replace:
+            break
+        replaced = expr.xreplace(replace)
+        if replaced == expr:
+            break
+        expr = replaced
     expr = sympy.expand(_exact_division(expr))
     if not expr.free_symbols:
         return int(expr)
@@ -217,3 +229,17 @@ def sz_of(expr: Any) -> Sz | int:
 def product_key(sizes: tuple[Sz, ...]) -> str:
     """Canonical text of a product of sizes (pure Python: safe while compiling)."""
     return "*".join(sorted(f"({s.key})" for s in sizes))
+
+
+def equalities(exprs: list[Any]) -> dict[Any, Any]:
+    """From ``Eq(a, b)`` guards: each larger side mapped to the smaller one."""
+    out: dict[Any, Any] = {}
+    for expr in exprs:
+        if not isinstance(expr, sympy.Eq):
+            continue
+        a, b = expr.lhs, expr.rhs
+        if not (a.free_symbols and b.free_symbols) or a == b:
+            continue
+        small, large = sorted((a, b), key=lambda e: (sympy.count_ops(e), len(str(e)), str(e)))
+        out.setdefault(large, small)
+    return out

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import threading
+import time
 from typing import Any, cast
 
 import sympy  # type: ignore[import-untyped]
@@ -21,17 +23,21 @@ import torch
 import torch.utils._pytree as pytree
 import torch.utils._sympy.functions as symfn
 from torch import Tensor
+from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental import _config as fx_config
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import (
     DimDynamic,
     ShapeEnv,
     StatelessSymbolicContext,
 )
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from .._ragged import Ragged
 from ._registry import find_rule, op_name
-from ._sizes import Evaluator, Sz, Unsupported, compile_expr, sz_of
+from ._sizes import Evaluator, Sz, Unsupported, compile_expr, equalities, sz_of
 from ._values import axes_of, num_ragged_of
 
 # Distinct example sizes: relations between symbols that the trace relies on
@@ -104,6 +110,9 @@ class Step:
     rule: Any = None
     getitem: bool = False
     rebind: tuple[int, ...] | None = None  # an in-place op's input and its aliases
+    slot: int | None = None  # a captured tensor: its lifted slot, read at every call
+    random: bool = False  # draws random numbers (batched: one draw per sample)
+    defines: tuple[str, ...] = ()  # data-dependent sizes (unbacked symbols) it creates
 
 
 @dataclasses.dataclass
@@ -124,6 +133,9 @@ class Plan:
     out_spec: Any
     guards: list[tuple[str, Evaluator]]
     trace_seconds: float
+    lifted: dict[int, int]  # step index of a captured tensor -> its lifted slot
+    unknown: list[str]  # captured tensors found nowhere raggedfn looks (see _deps)
+    warned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
 
 
 def leaf_kinds(leaves: list[Any], mapped: list[bool]) -> list[str]:
@@ -154,12 +166,10 @@ def signature(leaves: list[Any], kinds: list[str]) -> tuple[Any, ...]:
             )
         elif kind == "shared":
             out.append(("S", str(leaf.dtype), tuple(int(d) for d in leaf.shape), str(leaf.device)))
-        else:
-            try:
-                hash(leaf)
-                out.append(("C", type(leaf).__name__, leaf))
-            except TypeError:
-                out.append(("C", type(leaf).__name__, id(leaf)))
+        elif type(leaf) in (bool, int, float, complex, str, bytes, type(None)):
+            out.append(("C", type(leaf), leaf))
+        else:  # objects: what f reads of them is guarded by the dependency walk
+            out.append(("O", type(leaf)))
     return tuple(out)
 
 
@@ -173,16 +183,16 @@ def _fake(
     return mode.from_tensor(real, symbolic_context=ctx)
 
 
-def _spec_of(val: Any) -> Any:
+def _spec_of(val: Any, replace: dict[Any, Any]) -> Any:
     if isinstance(val, Tensor):
-        return TSpec(tuple(sz_of(s) for s in val.shape), val.dtype)
+        return TSpec(tuple(sz_of(s, replace) for s in val.shape), val.dtype)
     if isinstance(val, torch.SymInt):
-        return sz_of(val)
+        return sz_of(val, replace)
     if isinstance(val, (torch.SymFloat, torch.SymBool)):
         expr = val.node.expr
         return Sz(str(expr), compile_expr(expr)) if expr.free_symbols else val
     if isinstance(val, (tuple, list)):
-        return tuple(_spec_of(v) for v in val)
+        return tuple(_spec_of(v, replace) for v in val)
     return val
 
 
@@ -223,44 +233,92 @@ def _stride_only(guard: Any) -> bool:
     return isinstance(expr, sympy.Ne) and 0 in (expr.lhs, expr.rhs) and expr.has(symfn.FloorDiv)
 
 
+_LOCK = threading.RLock()
+_STATE = threading.local()
+
+
+def tracing() -> bool:
+    """Whether this thread is tracing a per-sample function right now."""
+    return bool(getattr(_STATE, "active", False))
+
+
+def _symbol(env: ShapeEnv, hint: int, name: str) -> Any:
+    """A ragged size: a backed symbol with range [0, inf) and no positivity assumption.
+
+    torch's own size symbols are ``positive=True``, so ``n > 0`` or ``n == 0``
+    would fold away without a guard and an empty sample would silently take the
+    traced branch; here every comparison with any constant is a guard.
+    """
+    source = ConstantSource(name)
+    sym = env.create_symbol(hint, source, dynamic_dim=DimDynamic.DYNAMIC, positive=None)
+    env.var_to_range[sym] = ValueRanges(0, int_oo)
+    return env.create_symintnode(sym, hint=hint, source=source)
+
+
 def trace(
     fn: Any,
-    args: tuple[Any, ...],
-    in_dims: tuple[Any, ...],
     leaves: list[Any],
     kinds: list[str],
     treespec: Any,
     classes: tuple[int, ...],
+    hints: tuple[int, ...],
+    lifted_ids: dict[int, list[int]],
 ) -> Plan:
-    """Trace ``fn`` on symbolic example samples; raises on data-dependent control flow."""
-    import time
+    """Trace ``fn`` on symbolic example samples; raises on data-dependent control flow.
 
+    ``classes[a]`` is the first ragged axis (flattened over the inputs) whose sizes
+    equal axis ``a``'s in every sample: equal axes share one symbol. ``hints[c]``
+    is the example size of class ``c``: the branch the trace takes where ``fn``
+    compares sizes (the comparison is recorded as a guard either way).
+    ``lifted_ids`` maps ``id`` of each tensor ``fn`` captures to its lifted slots.
+    """
+    with _LOCK:
+        flag = torch.fx._symbolic_trace._is_fx_tracing_flag
+        _STATE.active = True
+        try:
+            # inside torch's meta functions, backed sizes are reasoned about like
+            # unbacked ones: t[:1] has size Min(1, s) instead of 1 under a guard
+            with fx_config.patch(backed_size_oblivious=True):
+                return _trace(fn, leaves, kinds, treespec, classes, hints, lifted_ids)
+        finally:
+            _STATE.active = False
+            torch.fx._symbolic_trace._is_fx_tracing_flag = flag
+
+
+def _trace(
+    fn: Any,
+    leaves: list[Any],
+    kinds: list[str],
+    treespec: Any,
+    classes: tuple[int, ...],
+    hints: tuple[int, ...],
+    lifted_ids: dict[int, list[int]],
+) -> Plan:
     start = time.perf_counter()
-    # duck shaping gives axes with equal example sizes one symbol: equal classes
-    # (see size_classes) share a hint, every other axis has a distinct one
-    env = ShapeEnv(specialize_zero_one=False, duck_shape=True)
+    env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
-    axis_hints = iter([_HINTS[c % len(_HINTS)] for c in classes])
+    symbols: dict[int, Any] = {}
+    axis = 0
     fakes: list[Tensor] = []
     placeholders: list[int] = []
     lk: list[LeafKind] = []
     for i, (leaf, kind) in enumerate(zip(leaves, kinds, strict=True)):
         if kind == "ragged":
             dense = tuple(leaf.values.shape[1:])
-            shape, dynamic = [], []
-            leaf_hints = [next(axis_hints) for _ in range(num_ragged_of(leaf.layout))]
-            for a in axes_of(leaf.layout):
-                shape.append(leaf_hints[a.index] if a.ragged else dense[a.index])
-                dynamic.append(a.ragged)
-            fake = _fake(mode, tuple(shape), dynamic, leaf.values)
-            symbols: list[str] = [""] * num_ragged_of(leaf.layout)
-            szs: list[Any] = [None] * num_ragged_of(leaf.layout)
-            for p, a in enumerate(axes_of(leaf.layout)):
-                if a.ragged:
-                    expr = fake.shape[p].node.expr  # type: ignore[attr-defined]
-                    symbols[a.index] = expr.name
-                    szs[a.index] = sz_of(fake.shape[p])
-            lk.append(LeafKind("ragged", tuple(symbols), tuple(szs)))
+            per_axis = []
+            for _ in range(num_ragged_of(leaf.layout)):
+                c = classes[axis]
+                if c not in symbols:
+                    symbols[c] = _symbol(env, hints[c], f"ragged{c}")
+                per_axis.append(symbols[c])
+                axis += 1
+            shape = [
+                per_axis[a.index] if a.ragged else dense[a.index] for a in axes_of(leaf.layout)
+            ]
+            with mode:
+                fake = torch.empty(shape, dtype=leaf.values.dtype, device=leaf.values.device)
+            names = tuple(s.node.expr.name for s in per_axis)
+            lk.append(LeafKind("ragged", names, tuple(cast(Sz, sz_of(s)) for s in per_axis)))
         elif kind == "dense":
             fake = _fake(mode, tuple(leaf.shape[1:]), [False] * (leaf.ndim - 1), leaf)
             lk.append(LeafKind("dense"))
@@ -286,12 +344,17 @@ def trace(
         return flat
 
     gm = make_fx(flat_fn, tracing_mode="symbolic", pre_dispatch=True)(*fakes)
-    steps, outputs = _plan_steps(gm, len(fakes), [k.kind for k in lk if k.kind != "constant"])
-    for step in steps:
-        if step.batched and step.rebind is None and _mutates(step.target):
-            # batched values are often copies where a sample would be a view (a gathered
-            # row, a canonicalised layout): an in-place op could diverge from the loop
-            raise Unsupported(f"in-place op {step.op} on a per-sample value")
+    checked = [g.expr for g in env.guards]
+    for asserts in env.deferred_runtime_asserts.values():
+        checked.extend(a.expr for a in asserts)
+    steps, outputs, lifted, unknown = _plan_steps(
+        gm,
+        len(fakes),
+        [k.kind for k in lk if k.kind != "constant"],
+        lifted_ids,
+        equalities(checked),
+    )
+    _check_writes(gm, steps)
     guards: list[tuple[str, Evaluator]] = []
     found: list[tuple[Any, str]] = []
     for g in env.guards:
@@ -309,7 +372,15 @@ def trace(
         seen.add(text)
         guards.append((f"{text} (from {where})", compile_expr(expr)))
     return Plan(
-        steps, placeholders, lk, outputs, out_holder[-1], guards, time.perf_counter() - start
+        steps,
+        placeholders,
+        lk,
+        outputs,
+        out_holder[-1],
+        guards,
+        time.perf_counter() - start,
+        lifted,
+        unknown,
     )
 
 
@@ -400,11 +471,20 @@ def _constant(value: Any) -> Any:
     return value
 
 
-def _plan_steps(gm: Any, num_inputs: int, kinds: list[str]) -> tuple[list[Step], list[Any]]:
+def _plan_steps(
+    gm: Any,
+    num_inputs: int,
+    kinds: list[str],
+    lifted_ids: dict[int, list[int]],
+    replace: dict[Any, Any],
+) -> tuple[list[Step], list[Any], dict[int, int], list[str]]:
     index: dict[Any, int] = {}
     batched: list[bool] = []
     steps: list[Step] = []
     outputs: list[Any] = []
+    lifted: dict[int, int] = {}
+    unknown: list[str] = []
+    known: set[str] = set()
     placeholder = 0
 
     def to_ref(node: Any) -> Any:
@@ -424,6 +504,23 @@ def _plan_steps(gm: Any, num_inputs: int, kinds: list[str]) -> tuple[list[Step],
             index[node] = idx
             batched.append(False)
             value = getattr(gm, node.target)
+            if isinstance(value, torch.Generator):
+                # its state is the trace's, not the call's (a generator made and seeded
+                # inside f would repeat, a captured one would continue): run per sample
+                raise Unsupported("f draws from an explicit torch.Generator")
+            slots = lifted_ids.get(id(value)) if isinstance(value, Tensor) else None
+            if slots:  # found by the walk: read afresh at every call
+                lifted[idx] = slots[0]
+                steps.append(
+                    Step(idx, node.name, _constant, (None,), {}, None, False, slot=slots[0])
+                )
+                continue
+            if isinstance(value, Tensor) and not all(
+                u.target is torch.ops.aten.lift_fresh_copy.default for u in node.users
+            ):
+                unknown.append(
+                    f"a {value.dtype} tensor of shape {tuple(value.shape)} ({node.target})"
+                )
             steps.append(Step(idx, node.name, _constant, (value,), {}, None, False))
             continue
         if node.op != "call_function":
@@ -431,11 +528,16 @@ def _plan_steps(gm: Any, num_inputs: int, kinds: list[str]) -> tuple[list[Step],
         args = _plain(torch.fx.node.map_arg(node.args, to_ref))
         kwargs = _plain(torch.fx.node.map_arg(node.kwargs, to_ref))
         uses = [index[n] for n in node.all_input_nodes]
-        is_batched = any(batched[u] for u in uses)
+        random = _is_random(node)
+        # a random op draws per sample (randomness="different"), even on shared inputs
+        is_batched = any(batched[u] for u in uses) or random
         idx = len(batched)
         index[node] = idx
         batched.append(is_batched)
-        out = _spec_of(node.meta.get("val"))
+        val = node.meta.get("val")
+        out = _spec_of(val, replace)
+        defines = tuple(sorted(_unbacked(val) - known))
+        known.update(defines)
         target, rebind = node.target, None
         functional = _functional_twin(node) if is_batched else None
         if functional is not None:  # h.relu_() on a fresh h: run relu, rebind h
@@ -454,7 +556,91 @@ def _plan_steps(gm: Any, num_inputs: int, kinds: list[str]) -> tuple[list[Step],
                 find_rule(target),
                 node.target is operator.getitem,
                 rebind,
+                random=random,
+                defines=defines,
             )
         )
     assert placeholder == num_inputs
-    return steps, outputs
+    return steps, outputs, lifted, unknown
+
+
+def _is_random(node: Any) -> bool:
+    target = node.target
+    if torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
+        return False
+    packet = getattr(target, "overloadpacket", None)
+    if packet in (
+        torch.ops.aten.dropout,
+        torch.ops.aten.feature_dropout,
+        torch.ops.aten.alpha_dropout,
+    ):
+        train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
+        p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+        return bool(train) and p != 0
+    return True
+
+
+def _unbacked(val: Any) -> set[str]:
+    """Names of the unbacked symbols (data-dependent sizes) in a traced value."""
+    out: set[str] = set()
+    items = val if isinstance(val, (tuple, list)) else (val,)
+    for item in items:
+        if isinstance(item, Tensor):
+            sizes: Any = item.shape
+        elif isinstance(item, torch.SymInt):
+            sizes = (item,)
+        else:
+            continue
+        for s in sizes:
+            if isinstance(s, torch.SymInt):
+                out.update(str(f) for f in s.node.expr.free_symbols if str(f).startswith("u"))
+    return out
+
+
+def _check_writes(gm: Any, steps: list[Step]) -> None:
+    """Refuse in-place writes whose effect the batched plan cannot reproduce.
+
+    Writes into an argument or a captured tensor must happen once per sample (the
+    loop's side effect on shared data) and never reach the caller's mapped inputs;
+    writes into per-sample values are batched only where :func:`_functional_twin`
+    proves them local. Either refusal makes the call run the per-sample loop.
+    """
+    by_name = {step.name: step for step in steps}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not _mutates(node.target):
+            continue
+        root = _alias_root(node.args[0]) if node.args else None
+        name = op_name(node.target)
+        if root is not None and root.op == "placeholder":
+            raise Unsupported(f"in-place op {name} writes into an argument of f")
+        if root is not None and root.op == "get_attr":
+            raise Unsupported(f"in-place op {name} writes into a tensor f captures")
+        step = by_name.get(node.name)
+        if step is not None and step.batched and step.rebind is None:
+            # batched values are often copies where a sample would be a view (a gathered
+            # row, a canonicalised layout): an in-place op could diverge from the loop
+            raise Unsupported(f"in-place op {name} on a per-sample value")
+
+
+def _alias_root(node: Any) -> Any:
+    """The node whose memory ``node`` shares: follow views and in-place results back."""
+    seen = 0
+    while isinstance(node, torch.fx.Node) and seen < 10000:
+        seen += 1
+        if node.op in ("placeholder", "get_attr"):
+            return node
+        if node.op != "call_function":
+            return node
+        if node.target is operator.getitem:
+            source = node.args[0]
+            if isinstance(source, torch.fx.Node) and _aliases(source) and source.args:
+                node = source.args[0]
+                continue
+            return node
+        if node.target is torch.ops.aten.lift_fresh_copy.default:
+            return node
+        if _aliases(node) and node.args:
+            node = node.args[0]
+            continue
+        return node
+    return None

@@ -131,6 +131,8 @@ class Ctx:
         self.device = device
         self.structs: dict[tuple[str, ...], Struct] = {}
         self.record: Any = None
+        self.lifted: list[Any] = []  # tensors f captures, read at this call
+        self.randomness = "different"
 
     def eval(self, sz: Sz | int) -> Tensor:
         """``[B]`` int64 values of a size."""

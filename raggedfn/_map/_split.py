@@ -1,0 +1,128 @@
+"""Running a call in parts: samples grouped by the trace whose guards they meet.
+
+When some samples fail a plan's guards (a branch on sizes, an index past the
+end of a short sample), the batch is split: each group of samples runs the plan
+it satisfies, the rest run the per-sample loop, and the parts are merged back
+in sample order. Merging keeps the results' types: a leaf that is a ``Ragged``
+in any part is a ``Ragged`` (fixed-size parts join it as samples whose sizes are
+equal); dense parts of one per-sample shape stay a dense ``[B, ...]`` tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import fail
+from .._index import offsets_of
+from .._layout import Layout
+from .._ragged import Ragged
+
+
+def take(value: Any, index: Tensor) -> Any:
+    """Samples ``index`` (int64 ``[b]``) of a mapped input, in that order."""
+    if isinstance(value, Ragged):
+        return take_samples(value, index)
+    if isinstance(value, Tensor):
+        return value.index_select(0, index)
+    return value
+
+
+def take_samples(x: Ragged, index: Tensor) -> Ragged:
+    """The samples ``index`` of ``x`` as a new value (one host sync for the row count)."""
+    index = index.to(x.offsets.device)
+    starts = x.offsets[:-1].index_select(0, index)
+    counts = x.offsets[1:].index_select(0, index) - starts
+    offsets = offsets_of(counts)
+    total = int(offsets[-1])
+    sample = torch.repeat_interleave(
+        torch.arange(index.shape[0], device=index.device), counts, output_size=total
+    )
+    rows = starts.index_select(0, sample) + (
+        torch.arange(total, device=index.device) - offsets.index_select(0, sample)
+    )
+    return Ragged._make(
+        x.values.index_select(0, rows), offsets, x.sizes.index_select(0, index), x.layout
+    )
+
+
+def _dense_as_ragged(t: Tensor, like: Ragged) -> Ragged:
+    """``[b, *shape]`` as a Ragged with ``like``'s layout (every sample the same sizes)."""
+    layout = like.layout
+    shape = tuple(t.shape[1:])
+    if len(shape) != len(layout.axes):
+        raise fail(
+            "map",
+            f"f returns per-sample shapes of different ranks: {shape} in some samples, rank "
+            f"{len(layout.axes)} (ragged) in others",
+        )
+    ragged = [shape[p] for p, a in enumerate(layout.axes) if a.ragged]
+    dense_shape = [0] * layout.num_dense
+    for p, a in enumerate(layout.axes):
+        if not a.ragged:
+            dense_shape[a.index] = shape[p]
+    if tuple(dense_shape) != tuple(like.values.shape[1:]):
+        raise fail(
+            "map",
+            f"f returns per-sample shapes that differ along a fixed-size axis: {shape} in some "
+            f"samples, logical shape {like.shape[1:]} in others",
+        )
+    b = t.shape[0]
+    sizes = torch.tensor(ragged, dtype=torch.int64, device=like.offsets.device).repeat(b, 1)
+    count = math.prod(ragged)
+    physical = layout.logical_to_physical()
+    values = t.permute(0, *(1 + p for p in physical)).reshape(b * count, *dense_shape)
+    offsets = offsets_of(torch.full((b,), count, dtype=torch.int64, device=sizes.device))
+    return Ragged._make(values, offsets, sizes.reshape(b, len(ragged)), layout)
+
+
+def _standard(x: Ragged, layout: Layout) -> Ragged:
+    if x.layout == layout:
+        return x
+    from ..ops import contiguous
+
+    out = contiguous(x)
+    if out.layout != layout:
+        raise fail("map", "f returns values with different ragged axes in different samples")
+    return out
+
+
+def merge(parts: list[tuple[Tensor, Any]], batch_size: int) -> Any:
+    """One output leaf from its parts ``(sample indices, leaf for those samples)``."""
+    values = [v for _, v in parts]
+    order = torch.cat([i for i, _ in parts])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.shape[0], device=order.device)
+    first = next((v for v in values if isinstance(v, Ragged)), None)
+    if first is not None:
+        layout = first.layout
+        pieces = [
+            _standard(v, layout) if isinstance(v, Ragged) else _dense_as_ragged(v, first)
+            for v in values
+        ]
+        lengths = torch.cat([p.offsets[1:] - p.offsets[:-1] for p in pieces])
+        joined = Ragged._make(
+            torch.cat([p.values for p in pieces]),
+            offsets_of(lengths),
+            torch.cat([p.sizes for p in pieces]),
+            layout,
+        )
+        return take_samples(joined, inverse)
+    if all(isinstance(v, Tensor) for v in values):
+        shapes = {tuple(v.shape[1:]) for v in values}
+        if len(shapes) != 1:
+            raise fail(
+                "map",
+                f"f returns per-sample shapes {sorted(shapes)} in different samples of one "
+                "batch where its trace gives one fixed shape",
+            )
+        return torch.cat(values).index_select(0, inverse)
+    if all(v == values[0] for v in values):
+        return values[0]
+    raise fail("map", f"f returns different non-tensor values in different samples: {values}")
+
+
+__all__ = ["merge", "take", "take_samples"]
