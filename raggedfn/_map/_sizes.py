@@ -187,9 +187,11 @@ def _exact_division(expr: Any) -> Any:
     (reshapes inside decompositions make them); equal sizes need equal keys."""
 
     def simplify(a: Any, b: Any) -> Any:
-        quotient = sympy.cancel(a / b)
-        _, denominator = sympy.fraction(quotient)
-        if denominator == 1 and quotient.is_polynomial():
+        quotient = sympy.expand(sympy.cancel(a / b))
+        _, denominator = sympy.fraction(sympy.together(quotient))
+        # exact only for a polynomial with integer coefficients: (s + 1) // 2 is not s/2 + 1/2
+        integral = all(term.as_coeff_Mul()[0].is_integer for term in sympy.Add.make_args(quotient))
+        if denominator == 1 and quotient.is_polynomial() and integral:
             return quotient
         return symfn.FloorDiv(a, b)
 

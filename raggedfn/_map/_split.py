@@ -49,9 +49,10 @@ def take_samples(x: Ragged, index: Tensor) -> Ragged:
     )
 
 
-def _dense_as_ragged(t: Tensor, like: Ragged) -> Ragged:
+def _dense_as_ragged(t: Tensor, like: Ragged | None, layout: Layout | None = None) -> Ragged:
     """``[b, *shape]`` as a Ragged with ``like``'s layout (every sample the same sizes)."""
-    layout = like.layout
+    layout = like.layout if like is not None else layout
+    assert layout is not None
     shape = tuple(t.shape[1:])
     if len(shape) != len(layout.axes):
         raise fail(
@@ -64,14 +65,14 @@ def _dense_as_ragged(t: Tensor, like: Ragged) -> Ragged:
     for p, a in enumerate(layout.axes):
         if not a.ragged:
             dense_shape[a.index] = shape[p]
-    if tuple(dense_shape) != tuple(like.values.shape[1:]):
+    if like is not None and tuple(dense_shape) != tuple(like.values.shape[1:]):
         raise fail(
             "map",
             f"f returns per-sample shapes that differ along a fixed-size axis: {shape} in some "
             f"samples, logical shape {like.shape[1:]} in others",
         )
     b = t.shape[0]
-    sizes = torch.tensor(ragged, dtype=torch.int64, device=like.offsets.device).repeat(b, 1)
+    sizes = torch.tensor(ragged, dtype=torch.int64, device=t.device).repeat(b, 1)
     count = math.prod(ragged)
     physical = layout.logical_to_physical()
     values = t.permute(0, *(1 + p for p in physical)).reshape(b * count, *dense_shape)
@@ -113,13 +114,22 @@ def merge(parts: list[tuple[Tensor, Any]], batch_size: int) -> Any:
         return take_samples(joined, inverse)
     if all(isinstance(v, Tensor) for v in values):
         shapes = {tuple(v.shape[1:]) for v in values}
-        if len(shapes) != 1:
+        if len(shapes) == 1:
+            return torch.cat(values).index_select(0, inverse)
+        # branches on sizes that give different fixed shapes (t[:min(1, n)]): the axes
+        # that differ are ragged, as the per-sample loop's results would be
+        ranks = {len(shape) for shape in shapes}
+        if len(ranks) != 1:
             raise fail(
                 "map",
-                f"f returns per-sample shapes {sorted(shapes)} in different samples of one "
-                "batch where its trace gives one fixed shape",
+                f"f returns per-sample shapes of different ranks {sorted(shapes)} for "
+                "different samples",
             )
-        return torch.cat(values).index_select(0, inverse)
+        rank = ranks.pop()
+        varying = tuple(p for p in range(rank) if len({shape[p] for shape in shapes}) > 1)
+        layout = Layout.from_ragged_positions(rank, varying)
+        like = _dense_as_ragged(values[0][:0], None, layout)
+        return merge([(i, _dense_as_ragged(v, like, layout)) for i, v in parts], batch_size)
     if all(v == values[0] for v in values):
         return values[0]
     raise fail("map", f"f returns different non-tensor values in different samples: {values}")

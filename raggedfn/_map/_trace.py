@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 import torch.utils._sympy.functions as symfn
 from torch import Tensor
 from torch._dynamo.source import ConstantSource
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental import _config as fx_config
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import (
@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import (
     ShapeEnv,
     StatelessSymbolicContext,
 )
+from torch.overrides import TorchFunctionMode
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
@@ -242,6 +243,54 @@ def tracing() -> bool:
     return bool(getattr(_STATE, "active", False))
 
 
+_NOT_WRITES = frozenset({"requires_grad_", "retain_grad", "share_memory_"})
+_OPERATOR_WRITES = frozenset(
+    {
+        "__setitem__",
+        "__iadd__",
+        "__isub__",
+        "__imul__",
+        "__itruediv__",
+        "__ifloordiv__",
+        "__imod__",
+        "__ipow__",
+        "__iand__",
+        "__ior__",
+        "__ixor__",
+        "__ilshift__",
+        "__irshift__",
+        "__imatmul__",
+    }
+)
+
+
+class _NoRealWrites(TorchFunctionMode):
+    """Refuse, while tracing, an in-place write into a real tensor (one ``f`` captures).
+
+    make_fx runs an op whose inputs are all real constants for real (to propagate
+    constant values), so ``state.add_(1)`` on a captured tensor would change the
+    caller's tensor during the trace. Refused here before it runs, the trace fails
+    and the call runs per sample, which writes once per sample as the loop does.
+    """
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        target: Any = None
+        if args and (
+            name in _OPERATOR_WRITES
+            or (name.endswith("_") and not name.startswith("_") and name not in _NOT_WRITES)
+        ):
+            target = args[0]
+        elif isinstance(kwargs.get("out"), Tensor):
+            target = kwargs["out"]
+        if isinstance(target, Tensor) and not isinstance(target, FakeTensor):
+            raise Unsupported(f"in-place {name} writes into a tensor f captures")
+        return func(*args, **kwargs)
+
+
 def _symbol(env: ShapeEnv, hint: int, name: str) -> Any:
     """A ragged size: a backed symbol with range [0, inf) and no positivity assumption.
 
@@ -338,7 +387,8 @@ def _trace(
         for i, t in zip(placeholders, tensors, strict=True):
             full[i] = t
         sample_args = pytree.tree_unflatten(full, treespec)
-        out = fn(*sample_args)
+        with _NoRealWrites():
+            out = fn(*sample_args)
         flat, spec = pytree.tree_flatten(out)
         out_holder.append(spec)
         return flat

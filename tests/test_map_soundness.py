@@ -1,0 +1,410 @@
+"""raggedfn.map is the per-sample loop or a RaggedError: never a stale or wrong answer.
+
+Issue #12's cases: Python state the trace reads (module ``training`` flags, numbers,
+object attributes), empty samples and static slices, in-place writes, randomness,
+data-dependent sizes, output types, nested map and threads.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import types
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import raggedfn
+from property_tests.reference import assert_same, loop, samples
+from raggedfn import RaggedError, RaggedPerformanceWarning
+from tests.test_map import D, tokens
+
+quiet = pytest.mark.filterwarnings("ignore::raggedfn.RaggedPerformanceWarning")
+
+
+# ----- Python state the trace depends on ------------------------------------------------
+
+
+def _equal_to_loop(f, x, *shared):
+    dims = (0, *([None] * len(shared)))
+    out = raggedfn.map(f, x, *shared, in_dims=dims)
+    assert_same(out, loop(f, x, *shared))
+    return out
+
+
+def test_train_eval_toggles_through_a_closure_and_functional_call():
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.Dropout(0.5)).double()
+    params = dict(layer.named_parameters())
+    x = tokens((3, 0, 4))
+
+    def closure(t):
+        return layer(t).sum(0)
+
+    def functional(t, p):
+        return torch.func.functional_call(layer, p, (t,)).sum(0)
+
+    for f, shared in ((closure, ()), (functional, (params,))):
+        layer.eval()
+        _equal_to_loop(f, x, *shared)
+        layer.train()  # dropout now draws: no sample equals its eval value any more
+        out = raggedfn.map(f, x, *shared, in_dims=(0, *([None] * len(shared))))
+        layer.eval()
+        evaluated = loop(f, x, *shared)
+        assert not torch.allclose(out[0], evaluated[0])
+        _equal_to_loop(f, x, *shared)  # back in eval: the eval trace again, no dropout
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(D, 3).double()
+        self.temperature = 1.0
+
+    def forward(self, t):
+        return (self.linear(t) / self.temperature).softmax(0)
+
+
+def test_a_changed_module_float_attribute_is_seen():
+    model = Scaled()
+    x = tokens((3, 5))
+    _equal_to_loop(model, x)
+    model.temperature = 0.25
+    _equal_to_loop(model, x)
+    _equal_to_loop(lambda t: model(t).sum(0), x)
+    model.temperature = 4.0
+    _equal_to_loop(lambda t: model(t).sum(0), x)
+
+
+SCALE = 2.0
+CONFIG = types.SimpleNamespace(shift=1.0)
+
+
+def uses_global_number(t):
+    return t * SCALE + CONFIG.shift
+
+
+def test_a_rebound_global_number_and_a_changed_object_attribute_are_seen():
+    global SCALE
+    x = tokens((2, 3))
+    _equal_to_loop(uses_global_number, x)
+    old = SCALE
+    try:
+        SCALE = -3.0
+        _equal_to_loop(uses_global_number, x)
+        CONFIG.shift = 7.0
+        _equal_to_loop(uses_global_number, x)
+    finally:
+        SCALE, CONFIG.shift = old, 1.0
+    _equal_to_loop(uses_global_number, x)
+
+
+def helper_reading_a_global(t):
+    return t - SCALE
+
+
+def test_a_global_read_by_a_called_user_function_is_seen():
+    global SCALE
+    x = tokens((2, 3))
+    f = lambda t: helper_reading_a_global(t) * 2  # noqa: E731
+    _equal_to_loop(f, x)
+    old = SCALE
+    try:
+        SCALE = 11.0
+        _equal_to_loop(f, x)
+    finally:
+        SCALE = old
+
+
+def test_closure_numbers_and_defaults_are_part_of_the_trace():
+    x = tokens((2, 4))
+
+    def make(k):
+        def f(t, power=2):
+            return t.pow(power) * k
+
+        return f
+
+    _equal_to_loop(make(2.0), x)
+    _equal_to_loop(make(5.0), x)
+    g = make(5.0)
+    g.__defaults__ = (3,)
+    _equal_to_loop(g, x)
+
+
+def test_a_module_passed_as_a_shared_argument_is_guarded_and_lifted():
+    model = torch.nn.Linear(D, 2).double()
+    x = tokens((3, 1))
+
+    def f(t, m):
+        return m(t).sum(0)
+
+    _equal_to_loop(f, x, model)
+    model.weight = torch.nn.Parameter(model.weight.detach() * -2)
+    _equal_to_loop(f, x, model)
+    assert raggedfn.map_cache_info(f).traces == 1
+
+
+# ----- empty samples, slices and indexing ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: t[:1],
+        lambda t: t[0:1],
+        lambda t: t[-1:],
+        lambda t: t.narrow(0, 0, min(1, t.shape[0])),
+        lambda t: t[:1].sum(0),
+        lambda t: t[-1:].mean(0) if t.shape[0] > 0 else t.sum(0),
+        lambda t: t[:-1].shape[0],
+        lambda t: t[2:-2],
+        lambda t: t[1:-1][1:-1],
+        lambda t: t[::2].shape[0],
+        lambda t: t[::3] * 2,
+        lambda t: torch.cat([torch.zeros_like(t[:1]), t[:-1]], 0),
+        lambda t: torch.cat([t, t], 0)[:2],
+        lambda t: F.rms_norm(t, (D,))[:2],
+        lambda t: t.sum(0) + 1 if t.shape[0] > 0 else t.sum(0) - 1,
+        lambda t: t.sum(0) + 1 if t.shape[0] == 0 else t.sum(0) - 1,
+        lambda t: t.sum(0) + 1 if t.numel() > 0 else t.sum(0) - 1,
+        lambda t: torch.zeros(D, dtype=t.dtype) if t.shape[0] == 0 else t.amax(0),
+    ],
+)
+@pytest.mark.parametrize("lengths", [(2, 0, 3), (2, 3, 0), (0, 0), (1, 4, 6, 8)])
+@quiet
+def test_slices_and_size_branches_equal_the_loop_on_empty_and_short_samples(f, lengths):
+    x = tokens(lengths)
+    out = raggedfn.map(f, x)
+    expected = loop(f, x)
+    if isinstance(expected[0], int):
+        assert isinstance(out, torch.Tensor) and out.dtype == torch.int64
+        assert out.tolist() == expected
+        return
+    assert_same(out, expected)
+
+
+def test_output_structure_is_decided_by_f_not_by_this_batch():
+    def untraceable(t):  # data-dependent control flow: the whole loop
+        return t * 2 if bool(t.sum() > -1e9) else t
+
+    equal, unequal = tokens((3, 3)), tokens((3, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        for x in (equal, unequal):
+            assert isinstance(raggedfn.map(untraceable, x), raggedfn.Ragged)
+            assert isinstance(raggedfn.map(lambda t: t[:2], x), raggedfn.Ragged)
+            pooled = raggedfn.map(lambda t: untraceable(t).sum(0), x)
+            assert isinstance(pooled, torch.Tensor) and pooled.shape == (2, D)
+
+
+def test_per_sample_numbers_restack_to_tensors_whatever_their_values():
+    x = tokens((12, 12))
+    sizes = raggedfn.map(lambda t: t[:2].shape[0], x)
+    assert isinstance(sizes, torch.Tensor) and sizes.tolist() == [2, 2]
+    columns = raggedfn.map(lambda t: t.shape[1], x)
+    assert isinstance(columns, torch.Tensor) and columns.tolist() == [D, D]
+    out = raggedfn.map(lambda t: (t.sum(0), 0.5, True), x)
+    assert out[1].tolist() == [0.5, 0.5] and out[1].dtype == torch.get_default_dtype()
+    assert out[2].tolist() == [True, True]
+    with pytest.warns(RaggedPerformanceWarning):
+        fallback = raggedfn.map(lambda t: (t.sum(0), 0.5) if t.sum() > -1e9 else None, x)
+    assert fallback[1].tolist() == [0.5, 0.5]
+
+
+def test_bool_reductions_count_as_torch():
+    x = tokens((3, 5, 0))
+    for f in (lambda t: (t > 0).sum(0), lambda t: (t > -100).sum(0), lambda t: (t > 0).sum()):
+        out = raggedfn.map(f, x)
+        assert out.dtype == torch.int64
+        assert_same(out, loop(f, x))
+
+
+# ----- in-place writes -------------------------------------------------------------------
+
+
+def _snapshot(x):
+    return x.values._version, x.values.clone()
+
+
+@quiet
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: t.add_(1).sum(0),
+        lambda t: t.relu_() * 2,
+        lambda t: t[0].zero_() if t.shape[0] else t.sum(0),
+        lambda t: torch.nn.functional.relu(t, inplace=True).sum(0),
+    ],
+)
+def test_in_place_writes_never_reach_the_callers_values(f):
+    x = tokens((2, 3, 1))
+    version, before = _snapshot(x)
+    expected = loop(f, raggedfn.from_list([s.clone() for s in samples(x)]))
+    assert_same(raggedfn.map(f, x), expected)
+    assert x.values._version == version and torch.equal(x.values, before)
+
+
+def test_in_place_writes_to_a_shared_argument_happen_once_per_sample():
+    x = tokens((2, 3, 1))
+    counter = torch.zeros(1, dtype=torch.float64)
+
+    def f(t, c):
+        c.add_(1)
+        return t.sum(0) + c
+
+    looped = torch.zeros(1, dtype=torch.float64)
+    expected = [f(s, looped) for s in samples(x)]
+    with pytest.warns(RaggedPerformanceWarning, match="writes into an argument"):
+        out = raggedfn.map(f, x, counter, in_dims=(0, None))
+    assert_same(out, expected)
+    assert counter.item() == 3
+
+
+@quiet
+def test_in_place_writes_to_a_captured_tensor_happen_once_per_sample():
+    x = tokens((2, 3))
+    state = torch.zeros(1, dtype=torch.float64)
+    raggedfn.map(lambda t: t.sum(0) + state.add_(1), x)
+    assert state.item() == 2
+
+
+# ----- randomness --------------------------------------------------------------------------
+
+
+def test_random_draws_are_per_sample_by_default():
+    x = tokens((3, 3, 3))
+    noise = raggedfn.map(lambda t: t * 0 + torch.rand(D, dtype=t.dtype), x)
+    assert not torch.equal(noise.values[:3], noise.values[3:6])
+    torch.testing.assert_close(noise.values[0], noise.values[1])  # one draw per sample
+    dense = raggedfn.map(lambda t: torch.randn(4), x)
+    assert dense.shape == (3, 4) and not torch.equal(dense[0], dense[1])
+
+
+def test_randomness_same_shares_one_draw_and_error_refuses():
+    x = tokens((2, 2))
+    same = raggedfn.map(lambda t: t.sum(0) * 0 + torch.rand(D, dtype=t.dtype), x, randomness="same")
+    torch.testing.assert_close(same[0], same[1])
+    with pytest.raises(RaggedError, match="randomness='error'"):
+        raggedfn.map(lambda t: t + torch.rand(D, dtype=t.dtype), x, randomness="error")
+    with pytest.raises(RaggedError, match="randomness='same'"):
+        raggedfn.map(lambda t: F.dropout(t, 0.5), tokens((2, 3)), randomness="same")
+    with pytest.raises(RaggedError, match="randomness must be one of"):
+        raggedfn.map(lambda t: t, x, randomness="other")
+
+
+def test_dropout_draws_an_independent_mask_per_sample():
+    torch.manual_seed(0)
+    x = raggedfn.from_list([torch.ones(50, D, dtype=torch.float64)] * 2)
+    out = raggedfn.map(lambda t: F.dropout(t, 0.5), x)
+    first, second = samples(out)
+    assert not torch.equal(first, second)
+    kept = (out.values != 0).double().mean()
+    assert 0.35 < kept < 0.65
+    torch.testing.assert_close(
+        out.values[out.values != 0], torch.full_like(out.values[out.values != 0], 2.0)
+    )
+
+
+# ----- data-dependent sizes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: t[t[:, 0] > 0],
+        lambda t: t[t[:, 0] > 0].sum(0),
+        lambda t: torch.nonzero(t[:, 0] > 0),
+        lambda t: torch.masked_select(t, t > 0),
+        lambda t: torch.cat([t[t[:, 0] > 0], t[:1]], 0),
+    ],
+)
+def test_data_dependent_sizes_become_a_new_ragged_axis(f):
+    x = tokens((4, 0, 6, 1), seed=3)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+@quiet
+def test_unique_runs_per_sample_with_its_own_sizes():
+    x = raggedfn.from_list(
+        [torch.tensor([3, 1, 3]), torch.tensor([2, 2]), torch.tensor([], dtype=torch.int64)]
+    )
+    assert_same(raggedfn.map(torch.unique, x), loop(torch.unique, x))
+
+
+# ----- nested map -----------------------------------------------------------------------------
+
+
+@quiet
+def test_map_nested_inside_f_runs_the_outer_loop_correctly():
+    x = raggedfn.from_list(
+        [torch.randn(n, n, 2, dtype=torch.float64) for n in (2, 3)], ragged_dims=(1, 2)
+    )
+
+    def inner(row):
+        return row.sum(0)
+
+    def f(p):
+        return raggedfn.map(inner, p).sum(0)
+
+    report = raggedfn.map_report(f, x)
+    assert report.whole_loop is not None and "nested" in report.whole_loop
+    assert_same(report.output, [p.sum((0, 1)) for p in samples(x)])
+
+
+# ----- threads --------------------------------------------------------------------------------
+
+THREADS = textwrap.dedent(
+    """
+    import threading, torch, raggedfn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, dtype=torch.float64)
+    def f(t):
+        return F.layer_norm(torch.tanh(t @ w), (8,)).softmax(0).sum(0) * t.shape[0]
+    x = raggedfn.from_list([torch.randn(n, 8, dtype=torch.float64) for n in (3, 0, 5, 2)])
+    expected = torch.stack([f(t) for t in raggedfn.unbind(x)])
+    results, errors = [], []
+    barrier = threading.Barrier(4)
+    def work():
+        try:
+            barrier.wait()
+            for _ in range(3):
+                results.append(raggedfn.map(f, x))
+        except BaseException as error:
+            errors.append(repr(error))
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    assert not errors, errors
+    assert len(results) == 12
+    for r in results:
+        torch.testing.assert_close(r, expected)
+    assert raggedfn.map_cache_info(f).traces == 1, raggedfn.map_cache_info(f)
+    assert not torch.fx._symbolic_trace.is_fx_tracing()
+    compiled = torch.compile(lambda v: v.sin() * 2, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(torch.ones(3)), torch.ones(3).sin() * 2)
+    print("ok")
+    """
+)
+
+
+def test_four_threads_on_a_cold_cache_then_compile():
+    result = subprocess.run(
+        [sys.executable, "-c", THREADS], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_a_failed_trace_restores_fx_state():
+    x = tokens((2, 3))
+    with pytest.warns(RaggedPerformanceWarning):
+        raggedfn.map(lambda t: t * 2 if bool(t.sum() > 0) else t, x)
+    assert not torch.fx._symbolic_trace.is_fx_tracing()
