@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import itertools
 import types
 from typing import Any, NamedTuple
 
@@ -28,10 +29,14 @@ MAX_VARIANTS = 16
 MAX_PLANS = 4
 
 
+_IDS = itertools.count()
+
+
 @dataclasses.dataclass
 class Variant:
     static: tuple[Any, ...]  # in_dims, structure, signature, size classes, global state
     deps: Deps
+    vid: str = dataclasses.field(default_factory=lambda: f"v{next(_IDS)}")
     plans: list[Plan] = dataclasses.field(default_factory=list)
     failure: str | None = None  # why tracing failed: the whole call runs per sample
     exhausted: str | None = None  # why no further plan is traced (a retrace failed)
@@ -67,6 +72,30 @@ class CacheInfo(NamedTuple):
 _CACHE: collections.OrderedDict[Any, Entry] = collections.OrderedDict()
 
 
+class _Variants:
+    """Variant id -> variant as attributes, for compiled code: dynamo guards each
+    attribute it reads and reads it live, so a variant traced while compiling is
+    found, and adding or dropping others never recompiles a graph."""
+
+    def get(self, vid: str) -> Variant | None:
+        return self.__dict__.get(vid)
+
+    def pop(self, vid: str, default: Any = None) -> Any:
+        return self.__dict__.pop(vid, default)
+
+    def clear(self) -> None:
+        self.__dict__.clear()
+
+    def __setitem__(self, vid: str, variant: Variant) -> None:
+        self.__dict__[vid] = variant
+
+    def setdefault(self, vid: str, variant: Variant) -> Variant:
+        return self.__dict__.setdefault(vid, variant)
+
+
+REGISTRY = _Variants()
+
+
 def function_key(f: Any) -> Any:
     """What a cache entry belongs to: the code of a function, the class of anything else."""
     if isinstance(f, types.FunctionType):
@@ -99,7 +128,8 @@ def entry_of_key(key: Any, create: bool) -> Entry | None:
         if not create:
             return None
         if len(_CACHE) >= MAX_FUNCTIONS:
-            _CACHE.popitem(last=False)
+            for variant in _CACHE.popitem(last=False)[1].variants:
+                REGISTRY.pop(variant.vid, None)
         entry = _CACHE[key] = Entry()
     else:
         _CACHE.move_to_end(key)
@@ -122,8 +152,9 @@ def find(
 
 def add(entry: Entry, variant: Variant) -> None:
     entry.variants.insert(0, variant)
+    REGISTRY[variant.vid] = variant
     while len(entry.variants) > MAX_VARIANTS:
-        entry.variants.pop()
+        REGISTRY.pop(entry.variants.pop().vid, None)
         entry.evictions += 1
 
 
@@ -138,6 +169,7 @@ def info(f: Any) -> CacheInfo:
 def clear() -> None:
     """Forget every trace (tests and benchmarks that measure tracing use this)."""
     _CACHE.clear()
+    REGISTRY.clear()
 
 
 __all__ = [

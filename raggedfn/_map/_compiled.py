@@ -25,12 +25,13 @@ from typing import Any
 
 import torch
 from torch._dynamo.comptime import comptime
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .._errors import fail
-from .._layout import Axis, Layout
+from .._layout import Layout
 from .._ragged import Ragged
 from . import _cache
-from ._trace import _HINTS, _LOCK, leaf_kinds, signature  # noqa: F401
+from ._trace import _LOCK
 
 _MISSING = object()
 
@@ -68,6 +69,24 @@ def _fill_global(ctx: Any) -> None:
     tx.symbolic_locals["out"] = VariableBuilder(tx, source)(fvar.f_globals[name])
 
 
+def _fill_made_inside(ctx: Any) -> None:
+    from torch._dynamo.variables import ConstantVariable
+
+    found = _nested(ctx)
+    if found is not None and not found[1].is_python_constant():
+        tx = found[0]
+        tx.symbolic_locals["out"] = ConstantVariable.create(True)
+
+
+def made_inside(f: Any) -> bool:
+    """Whether dynamo made ``f`` in the compiled region with values only it knows."""
+    if not torch.compiler.is_compiling():
+        return False
+    out = False
+    comptime(_fill_made_inside)
+    return out
+
+
 def cell(f: Any, i: int) -> Any:
     """``f.__closure__[i].cell_contents``, also for a function dynamo made."""
     if not torch.compiler.is_compiling():
@@ -90,46 +109,136 @@ def global_of(f: Any, name: str) -> Any:
     return out
 
 
-def _static(leaves: list[Any], kinds: list[str], treespec: Any, dims: Any) -> tuple[Any, ...]:
-    return (dims, str(treespec), signature(leaves, kinds))
+def _coarse(sig: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A signature without sizes and constant values: what dynamo sees as constants
+    under ``dynamic=True`` (dense sizes and Python numbers become symbols there)."""
+    out: list[Any] = []
+    for entry in sig:
+        if entry[0] == "R":
+            out.append(("R", entry[1], entry[2], entry[4]))
+        elif entry[0] in ("D", "S"):
+            out.append((entry[0], entry[1], len(entry[2]), entry[3]))
+        else:
+            out.append((entry[0], entry[1]))
+    return tuple(out)
+
+
+def _loose(leaves: list[Any], kinds: list[str], treespec: Any, dims: Any) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for leaf, kind in zip(leaves, kinds, strict=True):
+        if kind == "ragged":
+            axes = tuple((a.ragged, a.index) for a in leaf.layout.axes)
+            out.append(("R", axes, str(leaf.values.dtype), str(leaf.values.device)))
+        elif kind in ("dense", "shared"):
+            tag = "D" if kind == "dense" else "S"
+            out.append((tag, str(leaf.dtype), leaf.ndim - (kind == "dense"), str(leaf.device)))
+        elif type(leaf) in (bool, int, float, complex, str, bytes, type(None)):
+            out.append(("C", type(leaf)))
+        else:
+            out.append(("O", type(leaf)))
+    return (dims, str(treespec), tuple(out))
+
+
+def _fits(sig: tuple[Any, ...], leaves: list[Any]) -> bool:
+    """Dense sizes and constants of the arguments equal the variant's (guarded by dynamo)."""
+    for entry, leaf in zip(sig, leaves, strict=True):
+        tag = entry[0]
+        if tag == "R" and tuple(leaf.values.shape[1:]) != entry[3]:
+            return False
+        if tag == "D" and tuple(leaf.shape[1:]) != entry[2]:
+            return False
+        if tag == "S" and tuple(leaf.shape) != entry[2]:
+            return False
+        if tag == "C" and leaf != entry[2]:
+            return False
+    return True
+
+
+def _memo(kind: str, key: Any, compute: Any) -> Any:
+    """One answer per frame compile: dynamo may restart the analysis of a frame, and
+    the second pass must see the answers of the first (a trace made in the first pass
+    must not send the second pass down another path). The answers live on dynamo's
+    compile context, which spans the restarts of one compile."""
+    try:
+        context = torch._guards.CompileContext.get()
+    except Exception:
+        return compute()
+    answers = context.__dict__.setdefault("_raggedfn_answers", {})
+    slot = (kind, key)
+    if slot not in answers:
+        answers[slot] = compute()
+    return answers[slot]
 
 
 @torch._dynamo.assume_constant_result
-def _candidates(key: Any, static: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Cached variants for this function and signature (any size classes)."""
+def _candidates(key: Any, loose: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Cached variants for this function and argument kinds (any sizes, any classes)."""
+    return _memo("candidates", (key, loose), lambda: _find_candidates(key, loose))
+
+
+def _find_candidates(key: Any, loose: tuple[Any, ...]) -> tuple[Any, ...]:
     state = _cache.global_state()
+    dims, spec_text, coarse = loose
     with _LOCK:
         entry = _cache.entry_of_key(key, create=False)
         if entry is None:
             return ()
         return tuple(
-            v for v in entry.variants if v.static[:3] == static and v.static[4] == state and v.plans
+            v.vid
+            for v in entry.variants
+            if v.static[0] == dims
+            and v.static[1] == spec_text
+            and _coarse(v.static[2]) == coarse
+            and v.static[4] == state
+            and v.plans
         )
 
 
 @torch._dynamo.assume_constant_result
-def _trace_now(f: Any, static: tuple[Any, ...], structure: Any) -> Any:
-    """Trace ``f`` while dynamo runs (``f`` is a real function or module)."""
-    from ._api import _new_variant
+def _trace_now(f: Any, structure: Any, dims: Any, layouts: Any, *flat: Any) -> Any:
+    """Trace ``f`` while dynamo runs: ``f`` is a real function or module, and dynamo
+    hands the argument tensors over with their real values (example inputs)."""
+    key = (_cache.function_key(f), id(f), structure, dims, layouts)
+    return _memo("trace", key, lambda: _trace(f, structure, dims, layouts, flat))
+
+
+def _trace(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...]) -> Any:
+    from ._api import _lookup
     from ._trace import is_ragged_leaf
 
-    dims, spec_text, sig = static
-    leaves, kinds = _stand_ins(sig)
-    if leaves is None or structure is None:
+    if structure is None:
         return None
-    treespec = torch.utils._pytree.tree_flatten(_rebuild(structure), is_leaf=is_ragged_leaf)[1]
-    classes = tuple(range(sum(sum(1 for r, _ in s[1] if r) for s in sig if s[0] == "R")))
-    full_static = (dims, spec_text, sig, classes, _cache.global_state())
-    with _LOCK:
-        entry = _cache.entry_of(f, create=True)
-        assert entry is not None
-        entry.traces += 1
-        variant, _, cacheable = _new_variant(
-            f, [(f, "f")], full_static, leaves, kinds, treespec, classes
-        )
-        if variant.failure is None and cacheable:
-            _cache.add(entry, variant)
-        return variant
+    leaves: list[Any] = []
+    it = iter(flat)
+    for layout in layouts:
+        if layout is None:
+            leaves.append(next(it))
+        else:
+            values, offsets, sizes = next(it), next(it), next(it)
+            leaves.append(Ragged._make(values, offsets, sizes, Layout(layout)))
+    args = torch.utils._pytree.tree_unflatten(
+        leaves,
+        torch.utils._pytree.tree_flatten(_rebuild(structure), is_leaf=is_ragged_leaf)[1],
+    )
+    from ._api import _prepare
+
+    dims, leaves, treespec, kinds, _ = _prepare("map", args, dims)
+    # outside dynamo's tracing context: make_fx must use raggedfn's own fake mode and
+    # shape environment, not the one of the graph being compiled
+    with torch._guards.tracing(None), unset_fake_temporarily():
+        variant, _, _, _ = _lookup(f, leaves, kinds, treespec, dims)
+    if variant.failure is not None:
+        return _failure(variant.failure)
+    _cache.REGISTRY.setdefault(variant.vid, variant)
+    return variant.vid
+
+
+def _failure(reason: str) -> str:
+    from ._deps import walk
+
+    failed = _cache.Variant((), walk([]), failure=reason)
+    _cache.REGISTRY[failed.vid] = failed
+    return failed.vid
 
 
 def _describe(value: Any) -> Any:
@@ -161,37 +270,6 @@ class _Slot:
     """A leaf position in a rebuilt argument structure."""
 
 
-def _stand_ins(sig: tuple[Any, ...]) -> tuple[list[Any] | None, list[str]]:
-    """Leaves with the metadata of a signature (what tracing reads of them)."""
-    leaves: list[Any] = []
-    kinds: list[str] = []
-    for entry in sig:
-        tag = entry[0]
-        if tag == "R":
-            _, axes, dtype, dense, device = entry
-            layout = Layout(tuple(Axis(r, i) for r, i in axes))
-            values = torch.empty((0, *dense), dtype=_dtype(dtype), device=device)
-            sizes = torch.zeros(0, layout.num_ragged, dtype=torch.int64, device=device)
-            offsets = torch.zeros(1, dtype=torch.int64, device=device)
-            leaves.append(Ragged._make(values, offsets, sizes, layout))
-            kinds.append("ragged")
-        elif tag in ("D", "S"):
-            _, dtype, shape, device = entry
-            lead = (1,) if tag == "D" else ()
-            leaves.append(torch.empty((*lead, *shape), dtype=_dtype(dtype), device=device))
-            kinds.append("dense" if tag == "D" else "shared")
-        elif tag == "C":
-            leaves.append(entry[2])
-            kinds.append("constant")
-        else:  # an object argument: only its eager call can walk it
-            return None, kinds
-    return leaves, kinds
-
-
-def _dtype(text: str) -> torch.dtype:
-    return getattr(torch, text.split(".")[-1])
-
-
 def compiled_map(
     f: Any,
     args: tuple[Any, ...],
@@ -205,22 +283,41 @@ def compiled_map(
     from ._api import _columns, _roots
     from ._interpret import make_ctx, run
 
-    static = _static(leaves, kinds, treespec, dims)
+    loose = _loose(leaves, kinds, treespec, dims)
     roots = [r for r, _ in _roots(f, leaves, kinds)]
     chosen = None
     lifted: list[Any] = []
-    for variant in _candidates(_cache.function_key(f), static):
+    for vid in _candidates(_cache.function_key(f), loose):
+        variant = getattr(_cache.REGISTRY, vid)
+        if not _fits(variant.static[2], leaves):
+            continue
         lifted = [None] * len(variant.deps.lifted)
-        if variant.deps.compiled_check()(*roots, lifted):
+        if variant.deps.compiled_check(*roots, lifted):
             chosen = variant
             break
+    if chosen is None and made_inside(f):
+        raise fail(
+            "map",
+            "inside torch.compile, a function made in the compiled region (a lambda in the "
+            "loss) needs one eager call of the step first: its captured values exist only "
+            "as graph values while compiling",
+        )
     if chosen is None:
-        chosen = _trace_now(f, static, _describe(args))
+        layouts, flat = [], []
+        for leaf in leaves:
+            if isinstance(leaf, Ragged):
+                layouts.append(leaf.layout.code)
+                flat.extend((leaf.values, leaf.offsets, leaf.sizes))
+            else:
+                layouts.append(None)
+                flat.append(leaf)
+        vid = _trace_now(f, _describe(args), dims, tuple(layouts), *flat)
+        chosen = getattr(_cache.REGISTRY, vid) if vid is not None else None
         if chosen is None:
             raise fail(
                 "map",
-                "inside torch.compile, f could not be traced for this input signature (a "
-                "function made inside the compiled region, or an object argument, needs "
+                "inside torch.compile, f has no trace for this input signature and cannot "
+                "be traced while compiling (a function made inside the compiled region needs "
                 "one eager call of the step first)",
             )
         if chosen.failure is not None:
@@ -230,7 +327,7 @@ def compiled_map(
                 "per-sample loop cannot run inside fullgraph=True",
             )
         lifted = [None] * len(chosen.deps.lifted)
-        if not chosen.deps.compiled_check()(*roots, lifted):
+        if not chosen.deps.compiled_check(*roots, lifted):
             raise fail("map", "inside torch.compile, the state f reads did not match its trace")
     plan = chosen.plans[0]
     if plan.unknown:

@@ -172,6 +172,7 @@ class Deps:
         self.count = 0
         self.truncated: list[str] = []
         self.check: Callable[..., bool] = _always
+        self.compiled_check: Callable[..., bool] = _always
 
     def const(self, value: Any) -> str:
         name = f"K{len(self.names)}"
@@ -189,15 +190,9 @@ class Deps:
 
     def finish(self) -> None:
         self.check, self.source = self._compile(compiled=False)
-        self._compiled: Callable[..., bool] | None = None
-
-    def compiled_check(self) -> Callable[..., bool]:
-        """The check for use inside ``torch.compile``: closure cells and globals are
-        read through helpers that also work on functions dynamo created in the
-        compiled region (see ``_compiled``)."""
-        if self._compiled is None:
-            self._compiled = self._compile(compiled=True)[0]
-        return self._compiled
+        # for use inside torch.compile: closure cells and globals are read through
+        # helpers that also work on functions dynamo made in the compiled region
+        self.compiled_check = self._compile(compiled=True)[0]
 
     def _compile(self, compiled: bool) -> tuple[Callable[..., bool], str]:
         roots = ", ".join(f"r{i}" for i in range(self.num_roots))
@@ -221,7 +216,12 @@ class Deps:
 _ACCESSOR = re.compile(r"^(v\d+) = (\w+)@(CELL|GLOBAL)\((.*)\)$")
 
 
+_EAGER = "#eager "
+
+
 def _accessors(line: str, compiled: bool) -> str:
+    if line.startswith(_EAGER):
+        return "pass" if compiled else line[len(_EAGER) :]
     match = _ACCESSOR.match(line)
     if match is None:
         return line
@@ -297,8 +297,12 @@ class _Walker:
             f"isinstance({var}, _Tensor) and {var}.shape == {deps.const(value.shape)} "
             f"and {var}.dtype is {deps.const(value.dtype)} "
             f"and {var}.device == {deps.const(value.device)} "
-            f"and {var}.layout is {deps.const(value.layout)} "
-            f"and {var}.requires_grad is {value.requires_grad!r}"
+            f"and {var}.layout is {deps.const(value.layout)}"
+        )
+        # eager only: dynamo reports requires_grad=False for tensors a torch.func
+        # transform wraps inside the compiled region, and guards autograd state itself
+        deps.lines.append(
+            f"{_EAGER}if not ({var}.requires_grad is {value.requires_grad!r}): return False"
         )
         deps.lines.append(f"lifted[{slot}] = {var}")
 

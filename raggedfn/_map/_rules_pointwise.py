@@ -63,13 +63,8 @@ def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
         return align(ctx, x, shape, layout, struct)
 
     target = step.target
-    if target._overloadname.startswith("Scalar") and any(isinstance(a, SymB) for a in operands):
-        # a per-sample size as the scalar operand (t % t.shape[0]): the Tensor overload
-        target = getattr(
-            target.overloadpacket, target._overloadname.replace("Scalar", "Tensor"), None
-        )
-        if target is None:
-            raise Unsupported("a per-sample size as a scalar operand")
+    if any(isinstance(a, SymB) for a in operands) and step.twin is not None:
+        target = step.twin  # a per-sample size as the scalar operand (t % t.shape[0])
     values = target(*(prepare(a) for a in args), **{k: prepare(v) for k, v in kwargs.items()})
     values = _cast(values, spec.dtype)
     if struct is None:

@@ -114,6 +114,7 @@ class Step:
     slot: int | None = None  # a captured tensor: its lifted slot, read at every call
     random: bool = False  # draws random numbers (batched: one draw per sample)
     defines: tuple[str, ...] = ()  # data-dependent sizes (unbacked symbols) it creates
+    twin: Any = None  # the Tensor overload of a Scalar overload (for per-sample scalars)
 
 
 @dataclasses.dataclass
@@ -608,10 +609,18 @@ def _plan_steps(
                 rebind,
                 random=random,
                 defines=defines,
+                twin=_tensor_twin(target),
             )
         )
     assert placeholder == num_inputs
     return steps, outputs, lifted, unknown
+
+
+def _tensor_twin(target: Any) -> Any:
+    name = getattr(target, "_overloadname", "")
+    if not name.startswith("Scalar"):
+        return None
+    return getattr(target.overloadpacket, name.replace("Scalar", "Tensor", 1), None)
 
 
 def _is_random(node: Any) -> bool:
