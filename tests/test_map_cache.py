@@ -1,0 +1,108 @@
+"""Issue #21: captured tensors are inputs of the trace, so training loops never retrace.
+
+A functional training loop rebinds its parameters at every step and switches
+``train()``/``eval()`` between epochs; ``raggedfn.map`` traces once per distinct
+Python state and input signature, reads the captured tensors afresh at every
+call, and equals the per-sample loop in values and gradients at every step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import raggedfn
+from property_tests.reference import assert_same, loop
+from raggedfn._map import _cache
+from tests.test_map import D, tokens, weights
+
+
+def test_rebinding_captured_tensors_for_50_steps_traces_once():
+    x = tokens((3, 0, 5, 1), seed=4)
+    w = weights(D, 4, seed=5).requires_grad_()
+    b = weights(4, seed=6).requires_grad_()
+
+    def loss_of(f):
+        out = raggedfn.map(f, x)
+        return out.pow(2).sum()
+
+    for step in range(50):
+        f = lambda t: torch.tanh(t @ w + b).sum(0)  # noqa: E731 (the style users write)
+        loss = loss_of(f)
+        gw, gb = torch.autograd.grad(loss, (w, b))
+        if step % 10 == 0:  # values and gradients equal the loop's
+            want = sum(o.pow(2).sum() for o in loop(f, x))
+            torch.testing.assert_close(loss, want)
+            ww, wb = torch.autograd.grad(want, (w, b))
+            torch.testing.assert_close(gw, ww)
+            torch.testing.assert_close(gb, wb)
+        with torch.no_grad():  # out-of-place update: new tensors every step
+            w = (w - 0.1 * gw).requires_grad_()
+            b = (b - 0.1 * gb).requires_grad_()
+    info = raggedfn.map_cache_info(f)
+    assert info.traces == 1, info
+    assert info.hits == 49, info
+
+
+def test_torch_func_grad_through_a_captured_tensor_equals_the_loop():
+    x = tokens((2, 4, 0), seed=7)
+    w = weights(D, 3, seed=8)
+
+    def loss(w):
+        return raggedfn.map(lambda t: F.gelu(t @ w).mean(0), x).pow(2).sum()
+
+    def loop_loss(w):
+        return sum(o.pow(2).sum() for o in loop(lambda t: F.gelu(t @ w).mean(0), x))
+
+    for scale in (1.0, -0.5, 2.0):
+        torch.testing.assert_close(
+            torch.func.grad(loss)(w * scale), torch.func.grad(loop_loss)(w * scale)
+        )
+
+
+def test_load_state_dict_that_replaces_parameters_traces_once():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(D, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    model = model.double()
+    x = tokens((3, 2, 6), seed=9)
+    f = lambda t: model(t).sum(0)  # noqa: E731
+    before = raggedfn.map_cache_info(f).traces
+    for seed in range(4):
+        other = torch.nn.Sequential(
+            torch.nn.Linear(D, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2)
+        ).double()
+        torch.nn.init.normal_(other[0].weight, generator=torch.Generator().manual_seed(seed))
+        model.load_state_dict(other.state_dict(), assign=True)  # new Parameter objects
+        assert_same(raggedfn.map(f, x), loop(f, x))
+    assert raggedfn.map_cache_info(f).traces == before + 1
+
+
+def test_train_eval_switches_trace_at_most_twice_in_ten():
+    torch.manual_seed(1)
+    layer = torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.Dropout(0.3)).double()
+    x = tokens((4, 1, 3), seed=10)
+
+    def f(t):
+        return layer(t).sum(0)
+
+    for epoch in range(10):
+        layer.train(epoch % 2 == 0)
+        out = raggedfn.map(f, x)
+        if not layer.training:
+            assert_same(out, loop(f, x))
+    assert raggedfn.map_cache_info(f).traces == 2
+
+
+def test_the_cache_stays_bounded_and_counts_evictions():
+    x = tokens((2, 3))
+
+    def make(power):
+        return lambda t: t.pow(power).sum(0)
+
+    first = make(0)
+    for power in range(_cache.MAX_VARIANTS + 3):  # a new Python number each time
+        raggedfn.map(make(power), x)
+    info = raggedfn.map_cache_info(first)
+    assert info.variants == _cache.MAX_VARIANTS
+    assert info.evictions == 3
+    assert info.traces == _cache.MAX_VARIANTS + 3
