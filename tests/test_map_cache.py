@@ -27,7 +27,7 @@ def test_rebinding_captured_tensors_for_50_steps_traces_once():
         return out.pow(2).sum()
 
     for step in range(50):
-        f = lambda t: torch.tanh(t @ w + b).sum(0)  # noqa: E731 (the style users write)
+        f = lambda t: torch.tanh(t @ w + b).sum(0)  # noqa: E731, B023 (as users write it)
         loss = loss_of(f)
         gw, gb = torch.autograd.grad(loss, (w, b))
         if step % 10 == 0:  # values and gradients equal the loop's

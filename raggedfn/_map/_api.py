@@ -414,6 +414,7 @@ def _split(
             )
         flat_parts.append([(loop_index, leaf) for leaf in flat])
     columns = list(zip(*flat_parts, strict=True))
+    assert out_spec is not None
     return pytree.tree_unflatten([merge(list(col), batch_size) for col in columns], out_spec)
 
 

@@ -303,7 +303,8 @@ def compiled_map(
             "as graph values while compiling",
         )
     if chosen is None:
-        layouts, flat = [], []
+        layouts: list[str | None] = []
+        flat: list[Any] = []
         for leaf in leaves:
             if isinstance(leaf, Ragged):
                 layouts.append(leaf.layout.code)

@@ -233,11 +233,11 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
 def refuse_empty(ctx: Ctx, step: Any, x: RaggedB, reduced: set[int]) -> None:
     """torch refuses max/min/argmax/argmin over an empty axis: so does every sample
     (the per-sample loop would raise there; an identity value would be invented)."""
-    empty = torch.zeros_like(x.struct.sizes[:, 0], dtype=torch.bool) if reduced else None
+    if not reduced:
+        return
+    empty = torch.zeros_like(x.struct.sizes[:, 0], dtype=torch.bool)
     for k in reduced:
         empty = empty | (x.struct.sizes[:, k] == 0)
-    if empty is None:
-        return
     message = (
         f"map: {step.op} of an empty axis: torch raises IndexError there (Expected reduction "
         "dim to have non-zero size)"

@@ -328,7 +328,7 @@ def trace(
         try:
             # inside torch's meta functions, backed sizes are reasoned about like
             # unbacked ones: t[:1] has size Min(1, s) instead of 1 under a guard
-            with fx_config.patch(backed_size_oblivious=True):
+            with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
                 return _trace(fn, leaves, kinds, treespec, classes, hints, lifted_ids)
         finally:
             _STATE.active = False
