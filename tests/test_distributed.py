@@ -318,8 +318,8 @@ def check_fsdp2_sharded_module_inside_map(rank: int) -> list[str]:
 
     try:
         model = _train_parallel(rank, wrap)
-    except RaggedError:
-        return []  # refusing is within the contract; silently wrong gradients are not
+    except RaggedError as error:  # refusing is within the contract: it must name FSDP2
+        return [] if "FSDP2" in str(error) else [f"unexpected refusal: {error}"]
     return _compare_params(model.state_dict(), _train_single())
 
 
@@ -367,12 +367,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, list[str
 
 
 # known failures, each a reproducer for its owner
-KNOWN = {
-    "fsdp2_sharded_module_inside_map": (
-        "raggedfn.map (issue #21, lifted captured tensors) runs a sharded submodule's "
-        "parameters without its FSDP2 hooks: their gradients stay None"
-    ),
-}
+KNOWN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

@@ -408,3 +408,23 @@ def test_a_failed_trace_restores_fx_state():
     with pytest.warns(RaggedPerformanceWarning):
         raggedfn.map(lambda t: t * 2 if bool(t.sum() > 0) else t, x)
     assert not torch.fx._symbolic_trace.is_fx_tracing()
+
+
+class Hooked(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(D, 2).double()
+        self.calls = 0
+        self.linear.register_forward_hook(self._count)
+
+    def _count(self, module, args, output):
+        self.calls += 1
+
+
+def test_a_module_with_hooks_runs_per_sample_so_its_hooks_run_per_call():
+    model = Hooked()
+    x = tokens((3, 0, 2))
+    with pytest.warns(RaggedPerformanceWarning, match="forward_hooks"):
+        out = raggedfn.map(lambda t: model.linear(t).sum(0), x)
+    assert model.calls == 3
+    assert_same(out, [model.linear(s).sum(0) for s in samples(x)])

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .._errors import RaggedPerformanceWarning, describe, fail
+from .._errors import RaggedError, RaggedPerformanceWarning, describe, fail
 from .._ragged import Ragged
 from . import _cache
 from ._cache import CacheInfo, Variant
@@ -154,6 +154,8 @@ def _trace_plan(
         # trace outside any torch.func transform the call runs under
         with torch._C._DisableFuncTorch(), torch.enable_grad():
             return trace(f, leaves, kinds, treespec, classes, hints, deps.lifted_ids)
+    except RaggedError:
+        raise
     except Exception as error:  # data-dependent control flow, unsupported graph, ...
         first = str(error).splitlines()[0] if str(error) else ""
         return f"tracing failed: {type(error).__name__}: {first}"[:500]

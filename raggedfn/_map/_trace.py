@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
 import threading
 import time
 from typing import Any, cast
@@ -36,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
+from .._errors import fail
 from .._ragged import Ragged
 from ._registry import find_rule, op_name
 from ._sizes import Evaluator, Sz, Unsupported, compile_expr, equalities, sz_of
@@ -292,6 +294,35 @@ class _NoRealWrites(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+_MODULE_HOOKS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+)
+
+
+def _refuse_hooked(module: torch.nn.Module, args: Any) -> None:
+    """A module ``f`` calls while being traced: refuse one whose hooks would run once,
+    on fake tensors, instead of once per sample (before those hooks run)."""
+    if not tracing():  # another thread's module call during this trace
+        return
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    sharded = getattr(fsdp, "FSDPModule", None) if fsdp is not None else None
+    if sharded is not None and isinstance(module, sharded):
+        raise fail(
+            "map",
+            f"f calls a {type(module).__name__} sharded by FSDP2 (fully_shard): its hooks "
+            "gather parameters around each call, which neither a batched trace nor a "
+            "per-sample loop can reproduce (ranks would disagree on the number of calls); "
+            "shard the module that calls raggedfn.map instead",
+        )
+    hooks = [name.strip("_") for name in _MODULE_HOOKS if getattr(module, name, None)]
+    if hooks:
+        # hooks are Python side effects around each call: the per-sample loop runs them
+        raise Unsupported(f"f calls a {type(module).__name__} with {', '.join(hooks)}")
+
+
 def _symbol(env: ShapeEnv, hint: int, name: str) -> Any:
     """A ragged size: a backed symbol with range [0, inf) and no positivity assumption.
 
@@ -328,8 +359,12 @@ def trace(
         try:
             # inside torch's meta functions, backed sizes are reasoned about like
             # unbacked ones: t[:1] has size Min(1, s) instead of 1 under a guard
-            with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
-                return _trace(fn, leaves, kinds, treespec, classes, hints, lifted_ids)
+            hook = torch.nn.modules.module.register_module_forward_pre_hook(_refuse_hooked)
+            try:
+                with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
+                    return _trace(fn, leaves, kinds, treespec, classes, hints, lifted_ids)
+            finally:
+                hook.remove()
         finally:
             _STATE.active = False
             torch.fx._symbolic_trace._is_fx_tracing_flag = flag
