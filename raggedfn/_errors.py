@@ -42,6 +42,15 @@ class RaggedPerformanceWarning(UserWarning):
     function) per input signature, naming the op and the reason;
     ``raggedfn.map_report`` lists them all. Silence it with
     ``warnings.filterwarnings("ignore", category=raggedfn.RaggedPerformanceWarning)``.
+
+    Examples:
+        >>> import warnings, torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     _ = raggedfn.map(lambda t: torch.flip(t, [0]).sum(0), x)
+        >>> caught[0].category.__name__
+        'RaggedPerformanceWarning'
     """
 
 

@@ -159,20 +159,7 @@ def test_training_step_gradients_equal_the_padded_model(name):
     assert len(moved) >= len(want) - 2, sorted(set(want) - set(moved))
 
 
-def _falls_back(op: str, why: str) -> Any:
-    reason = f"{op} runs per sample ({why}); issue #17"
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
-
-
-FULLY_BATCHED = [
-    pytest.param("bert", marks=_falls_back("aten.slice.Tensor, aten.gather.default", "position ids buffer sliced by the length; token type ids")),
-    pytest.param("bert_eager", marks=_falls_back("aten.slice.Tensor, aten.gather.default", "as bert")),
-    pytest.param("roberta", marks=_falls_back("aten.gather.default", "token type ids")),
-    pytest.param("distilbert", marks=_falls_back("aten.slice.Tensor", "position ids buffer sliced by the length")),
-    pytest.param("gpt2", marks=_falls_back("aten.addmm.default", "Conv1D projections")),
-    pytest.param("llama_gqa", marks=_falls_back("aten.scaled_dot_product_attention", "grouped-query attention")),
-    "llama",
-]  # fmt: skip
+FULLY_BATCHED = MODELS  # every model of the table runs without a per-sample loop
 
 
 @pytest.mark.parametrize("name", FULLY_BATCHED)

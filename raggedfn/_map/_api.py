@@ -537,9 +537,6 @@ def map_cache_info(f: Callable[..., Any]) -> CacheInfo:
         ``hits``, ``variants``, ``plans`` and ``evictions``; all zero for a function
         never mapped.
 
-    Raises:
-        Nothing: any object is accepted.
-
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])

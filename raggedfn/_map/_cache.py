@@ -60,6 +60,13 @@ class CacheInfo(NamedTuple):
         variants: cached (input signature, captured state) combinations.
         plans: traces held across those variants.
         evictions: variants dropped because the entry was full.
+
+    Examples:
+        >>> import torch, raggedfn
+        >>> def per_sample(t):
+        ...     return t.sum(0)
+        >>> raggedfn.map_cache_info(per_sample)
+        CacheInfo(traces=0, hits=0, variants=0, plans=0, evictions=0)
     """
 
     traces: int

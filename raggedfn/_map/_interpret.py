@@ -10,7 +10,14 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from .._errors import RaggedPerformanceWarning, fail
-from . import _rules_linalg, _rules_pointwise, _rules_reduce, _rules_select, _rules_shape  # noqa: F401
+from . import (  # noqa: F401
+    _rules_index,
+    _rules_linalg,
+    _rules_pointwise,
+    _rules_reduce,
+    _rules_select,
+    _rules_shape,
+)
 from ._fallback import node_loop, to_output
 from ._sizes import Sz, Unsupported, product_key
 from ._trace import Plan, Ref, Step

@@ -211,6 +211,38 @@ def _via_attention(q: RaggedB, k: RaggedB, v: RaggedB, causal: bool, scale: Any,
     return RaggedB(values.to(step.out.dtype), q.layout, q.sz, q.struct)
 
 
+def _repeat_heads(ctx: Ctx, t: Any, shape_q: tuple[Any, ...], shape_t: tuple[Any, ...]) -> Any:
+    """Grouped-query attention (``enable_gqa=True``): each key/value head serves
+    ``Hq // Hk`` consecutive query heads, as torch repeats them (``repeat_interleave``)."""
+    if len(shape_q) < 3 or len(shape_t) < 3:
+        return t
+    hq, hk = shape_q[-3], shape_t[-3]
+    if isinstance(hq, Sz) or isinstance(hk, Sz):
+        raise Unsupported("grouped-query attention over a ragged head axis")
+    if hq == hk:
+        return t
+    if not isinstance(t, RaggedB) or hk == 0 or hq % hk:
+        raise Unsupported("grouped-query attention with these head counts")
+    t = canonicalize(ctx, t)
+    axis = axes_of(t.layout)[len(shape_t) - 3]
+    values = t.values.repeat_interleave(hq // hk, dim=1 + axis.index)
+    return RaggedB(values, t.layout, t.sz, t.struct)
+
+
+@rule(aten.addmm)
+def addmm_rule(
+    ctx: Ctx, step: Any, bias: Any, x: Any, weight: Any, *, beta: Any = 1, alpha: Any = 1
+) -> Any:
+    """``beta * bias + alpha * (x @ weight)`` for per-sample rows ``x`` (GPT-2's Conv1D)."""
+    if is_batched(bias) or is_batched(weight) or not isinstance(x, RaggedB):
+        raise Unsupported("addmm with a per-sample bias or weight")
+    x = canonicalize(ctx, x)
+    if not _trailing_dense(x, 1) or len(axes_of(x.layout)) != 2:
+        raise Unsupported("addmm over a ragged contraction")
+    values = torch.addmm(bias, x.values, weight, beta=beta, alpha=alpha)
+    return RaggedB(values.to(step.out.dtype), x.layout, x.sz, x.struct)
+
+
 @rule(aten.scaled_dot_product_attention)
 def sdpa_rule(
     ctx: Ctx,
@@ -228,7 +260,7 @@ def sdpa_rule(
     if dropout_p:
         raise Unsupported("attention dropout")
     if enable_gqa:
-        raise Unsupported("grouped-query attention")
+        k, v = (_repeat_heads(ctx, t, _logical(q), _logical(t)) for t in (k, v))
     shape_q, shape_k, shape_v = _logical(q), _logical(k), _logical(v)
     lq, lk = shape_q[-2], shape_k[-2]
     if (

@@ -11,6 +11,7 @@ from .._errors import fail
 from .._index import local_positions
 from .._layout import Axis, Layout
 from ._registry import rule
+from ._rules_index import slice_shared
 from ._sizes import Sz, Unsupported
 from ._values import (
     Ctx,
@@ -318,6 +319,8 @@ def slice_rule(
 ) -> Any:
     if isinstance(x, DenseB) and not any(is_batched(v) for v in (start, end)):
         return DenseB(aten.slice(x.data, 1 + dim % _rank(x), start, end, stride))
+    if isinstance(x, Tensor) and not isinstance(end, RaggedB) and not isinstance(start, RaggedB):
+        return slice_shared(ctx, step, x, dim, start, end, stride)
     if not isinstance(x, RaggedB):
         raise Unsupported("slice of a per-sample size")
     dim = dim % len(axes_of(x.layout))

@@ -291,7 +291,24 @@ class _NoRealWrites(TorchFunctionMode):
             target = kwargs["out"]
         if isinstance(target, Tensor) and not isinstance(target, FakeTensor):
             raise Unsupported(f"in-place {name} writes into a tensor f captures")
+        if name == "take_along_dim":
+            return _take_along_dim(*args, **kwargs)
         return func(*args, **kwargs)
+
+
+def _take_along_dim(x: Tensor, indices: Tensor, dim: Any = None) -> Tensor:
+    """``take_along_dim`` as the ``gather`` it is: its meta function fixes symbolic sizes
+    to the example's (a guard per size), gather's keeps them symbolic."""
+    if dim is None or x.ndim != indices.ndim:
+        return torch.take_along_dim(x, indices, dim)
+    dim = dim % x.ndim
+    shape = [
+        s if p == dim else torch.sym_max(s, t)
+        for p, (s, t) in enumerate(zip(x.shape, indices.shape, strict=True))
+    ]
+    x = x.expand([x.shape[dim] if p == dim else s for p, s in enumerate(shape)])
+    indices = indices.expand([indices.shape[dim] if p == dim else s for p, s in enumerate(shape)])
+    return torch.gather(x, dim, indices)
 
 
 _MODULE_HOOKS = (

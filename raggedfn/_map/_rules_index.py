@@ -1,0 +1,164 @@
+"""Batching rules for indexing with per-sample positions: ``gather`` and slices of a
+shared tensor by per-sample bounds (Hugging Face models slice their position-id
+buffer by the sequence length and gather token-type ids by position).
+
+Both are written with coordinates: every packed element of the result knows its
+sample and its coordinate along each logical axis; the source element is found by
+replacing one coordinate (the gathered axis) and reading the source at those
+coordinates, as a packed row when the source is per-sample, directly when it is
+shared. Out-of-range positions raise ``RaggedError`` naming the sample, as the
+per-sample call raises (checked on device while compiling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import RaggedError
+from ._registry import rule
+from ._sizes import Sz, Unsupported
+from ._values import (
+    Ctx,
+    RaggedB,
+    SymB,
+    axes_of,
+    canonical_layout,
+    canonicalize,
+    is_batched,
+    struct_rows,
+    sz_in_storage_order,
+)
+
+aten = torch.ops.aten
+
+
+def _coordinates(x: RaggedB) -> tuple[Tensor, list[Tensor]]:
+    """Sample of every packed element of canonical ``x`` and its coordinate along each
+    logical axis, broadcastable to ``x.values.shape``."""
+    dense = x.values.shape[1:]
+    rank = len(axes_of(x.layout))
+    extra = [1] * len(dense)
+    segments = x.struct.segments().reshape(-1, *extra)
+    coords: list[Tensor] = []
+    ragged = x.struct.coords()
+    for a in axes_of(x.layout)[:rank]:
+        if a.ragged:
+            coords.append(ragged[a.index].reshape(-1, *extra))
+        else:
+            shape = [1] * (1 + len(dense))
+            shape[1 + a.index] = dense[a.index]
+            coords.append(torch.arange(dense[a.index], device=x.values.device).reshape(shape))
+    return segments, coords
+
+
+def _check_range(ctx: Ctx, op: str, positions: Tensor, size: Any, segments: Tensor) -> None:
+    bad = (positions < 0) | (positions >= size)
+    message = f"map: {op}: a position is out of range for its sample (torch raises there)"
+    if torch.compiler.is_compiling():
+        torch._assert_async(~bad.any(), message)
+        return
+    if bool(bad.any()):
+        where = tuple(bad.nonzero()[0])
+        sample = int(segments.expand_as(bad)[where])
+        limit = size if isinstance(size, int) else int(size.expand_as(bad)[where])
+        raise RaggedError(
+            f"{message}: sample {sample} asks for position {int(positions[where])} of {limit}"
+        )
+
+
+@rule(aten.gather)
+def gather_rule(
+    ctx: Ctx, step: Any, x: Any, dim: int, index: Any, *, sparse_grad: bool = False
+) -> Any:
+    """``torch.gather(x, dim, index)`` with a per-sample ``index`` (ragged or not) and a
+    per-sample or shared source: the result has ``index``'s shape."""
+    if not isinstance(index, RaggedB) or isinstance(x, SymB):
+        raise Unsupported("gather with a shared index")
+    index = canonicalize(ctx, index)
+    rank = len(axes_of(index.layout))
+    dim = dim % rank
+    segments, coords = _coordinates(index)
+    positions = index.values
+    if isinstance(x, RaggedB):
+        x = canonicalize(ctx, x)
+        x_axes = axes_of(x.layout)
+        if len(x_axes) != rank:
+            raise Unsupported("gather between values of different ranks")
+        along = x_axes[dim]
+        if along.ragged:
+            size = x.struct.sizes[:, along.index][segments]
+        else:
+            size = x.values.shape[1 + along.index]
+        _check_range(ctx, "gather", positions, size, segments)
+        coords[dim] = positions
+        order = sorted((a.index, p) for p, a in enumerate(x_axes) if a.ragged)
+        ragged_coords = [coords[p] for _, p in order]
+        rows = struct_rows(x.struct, segments.expand_as(positions), ragged_coords)
+        dense_order = sorted((a.index, p) for p, a in enumerate(x_axes) if not a.ragged)
+        dense_coords = [coords[p].expand_as(positions) for _, p in dense_order]
+        values = x.values[(rows.expand_as(positions), *dense_coords)]
+    elif isinstance(x, Tensor) and not is_batched(x):
+        if x.ndim != rank:
+            raise Unsupported("gather between values of different ranks")
+        _check_range(ctx, "gather", positions, x.shape[dim], segments)
+        coords[dim] = positions
+        values = x[tuple(c.expand_as(positions) for c in coords)]
+    else:
+        raise Unsupported("gather from a fixed-size per-sample source")
+    return RaggedB(values.to(step.out.dtype), index.layout, index.sz, index.struct)
+
+
+def slice_shared(
+    ctx: Ctx, step: Any, x: Tensor, dim: int, start: Any, end: Any, stride: int
+) -> RaggedB:
+    """``buffer[..., start:end]`` of a shared tensor with per-sample bounds: a ragged
+    axis whose size is the traced per-sample expression (Python slice semantics)."""
+    shape = step.out.shape
+    dim = dim % x.ndim
+    positions = tuple(p for p, s in enumerate(shape) if isinstance(s, Sz))
+    if positions != (dim,):
+        raise Unsupported("a slice of a shared tensor with other per-sample sizes")
+    layout = canonical_layout(len(shape), positions)
+    sz = sz_in_storage_order(shape, layout)
+    struct = ctx.struct(sz)
+    segments = struct.segments()
+    size = torch.full_like(segments, x.shape[dim])
+    if start is None:
+        begin = torch.zeros_like(segments)
+    else:
+        begin = ctx.eval(start.sz)[segments] if isinstance(start, SymB) else start + 0 * size
+        begin = torch.where(begin < 0, begin + size, begin).clamp(min=0).minimum(size)
+    rows = begin + struct.coords()[0] * stride
+    values = x.movedim(dim, 0).index_select(0, rows)
+    return RaggedB(values, layout, sz, struct)
+
+
+@rule(aten.sort, aten.argsort)
+def sort_rule(ctx: Ctx, step: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
+    """Sort along any axis of each sample: raggedfn's own (stable) ``sort``."""
+    from .._ragged import Ragged
+    from ..ops import sort
+
+    if not isinstance(x, RaggedB):
+        raise Unsupported("sort of a fixed-size or shared value")
+    overload = step.target._overloadname
+    if overload == "stable":
+        dim, descending = kwargs.get("dim", -1), kwargs.get("descending", False)
+    else:
+        dim = args[0] if args else kwargs.get("dim", -1)
+        descending = args[1] if len(args) > 1 else kwargs.get("descending", False)
+    value = Ragged._make(x.values, x.struct.offsets, x.struct.sizes, x.layout)
+    # the per-sample axis d is axis d + 1 of the batched value
+    values, indices = sort(value, dim % len(axes_of(x.layout)) + 1, descending)
+    if step.target.overloadpacket is aten.argsort:
+        return RaggedB(indices.values, x.layout, x.sz, x.struct)
+    return (
+        RaggedB(values.values, x.layout, x.sz, x.struct),
+        RaggedB(indices.values, x.layout, x.sz, x.struct),
+    )
+
+
+__all__ = ["gather_rule", "slice_shared", "sort_rule"]

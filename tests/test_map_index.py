@@ -1,0 +1,78 @@
+"""Batching rules Hugging Face models need: gather with per-sample positions, slices of
+a shared buffer by the sample's length, addmm (Conv1D) and grouped-query attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import raggedfn
+from property_tests.reference import assert_same, loop
+from raggedfn import RaggedError
+from tests.test_map import D, tokens, weights
+
+BUFFER = torch.arange(64).reshape(1, 64) * 10
+TABLE = weights(64, D, seed=20)
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: BUFFER[:, : t.shape[0]],  # HF's position_ids buffer
+        lambda t: BUFFER[:, 2 : t.shape[0] + 2] * 2,
+        lambda t: BUFFER[0, : t.shape[0] // 2],
+        lambda t: TABLE[: t.shape[0]] + t,
+        lambda t: torch.gather(t, 0, torch.argsort(t, 0)),  # ragged source, ragged axis
+        lambda t: torch.gather(t, 1, torch.argsort(t, 1)[:, :3]),  # along a dense axis
+        lambda t: torch.gather(TABLE, 0, torch.arange(t.shape[0])[:, None].expand(-1, D)),
+        lambda t: torch.gather(
+            BUFFER[:, : t.shape[0]], 1, t.shape[0] - 1 - torch.arange(t.shape[0])[None]
+        ),  # HF's token types: a sliced buffer gathered by positions
+        lambda t: torch.take_along_dim(t, torch.argsort(t, 0), 0),
+    ],
+)
+def test_gather_and_shared_slices_equal_the_loop(f):
+    x = tokens((3, 0, 5, 1))
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_gather_out_of_range_raises_naming_the_sample():
+    x = tokens((3, 5))
+    with pytest.raises(RaggedError, match="sample 0 asks for position 3"):
+        raggedfn.map(lambda t: torch.gather(t, 0, torch.full_like(t, 3).long()), x)
+
+
+def test_gather_gradients_equal_the_loop():
+    x = tokens((3, 0, 4))
+    values = x.values.clone().requires_grad_()
+    xv = x.with_values(values)
+    f = lambda t: torch.gather(t, 0, torch.argsort(t, 0)).cumsum(0)  # noqa: E731
+    got = torch.autograd.grad(raggedfn.map(f, xv).values.pow(2).sum(), values)[0]
+    want = torch.autograd.grad(sum(o.pow(2).sum() for o in loop(f, xv)), values)[0]
+    torch.testing.assert_close(got, want)
+
+
+def test_addmm_of_per_sample_rows():
+    w, b = weights(D, 5, seed=21), weights(5, seed=22)
+    x = tokens((3, 0, 2))
+    f = lambda t: torch.addmm(b, t, w, beta=0.5, alpha=2.0).relu()  # noqa: E731
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_grouped_query_attention_equals_the_loop():
+    wq, wk = weights(4 * 2, D, seed=23), weights(2 * 2, D, seed=24)
+
+    def f(t):
+        q = (t @ wq.T).reshape(t.shape[0], 4, 2).transpose(0, 1)[None]
+        k = (t @ wk.T).reshape(t.shape[0], 2, 2).transpose(0, 1)[None]
+        return F.scaled_dot_product_attention(q, k, k, enable_gqa=True, is_causal=True)[0]
+
+    x = tokens((3, 1, 5))
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
