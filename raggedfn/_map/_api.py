@@ -18,6 +18,7 @@ from ._deps import walk
 from ._fallback import function_loop, output_specs
 from ._interpret import Recorder, guard_mask, make_ctx, run
 from ._report import MapReport
+from ._sizes import Unsupported
 from ._split import merge, take
 from ._trace import _HINTS, _LOCK, Plan, is_ragged_leaf, leaf_kinds, signature, trace, tracing
 
@@ -215,7 +216,7 @@ def _map(
     if tracing():
         # raggedfn.map inside a function being traced for raggedfn.map: the outer
         # trace fails and the outer call runs per sample, where this call is ordinary
-        raise fail("map", "map nested inside a mapped function is not batched")
+        raise Unsupported("map nested inside a mapped function is not batched")
     dims, leaves, treespec, kinds, batch_size = _prepare("map", args, in_dims)
     if torch.compiler.is_compiling():
         return compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)
