@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test lint docs bench bench-quick clean
+.PHONY: demo test test-deep lint docs bench bench-quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ demo: $(VENV)/.installed-examples
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check raggedfn tests property_tests benchmarks examples
 	$(PY) -m pytest -q
+
+# nightly-style: 20,000 generated per-sample programs through raggedfn.map vs the loop
+# (property_tests/map_oracle.py); prints counts per outcome, times and shrunk reproducers
+test-deep: $(VENV)/.installed-test
+	$(PY) -m property_tests.map_oracle --programs 20000 --seed 0
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check raggedfn tests property_tests benchmarks examples

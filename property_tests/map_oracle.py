@@ -171,6 +171,23 @@ def _compare_leaf(got: Any, column: list[Any], what: str, values: bool) -> None:
             raise _Found("values", f"{what}, sample {i}: {' '.join(lines[:4])[:300]}") from None
 
 
+def assert_restacked(got: Any, expected: list[Any]) -> None:
+    """``got`` (what ``map`` returned) equals the per-sample list ``expected`` leaf by
+    leaf: the same structure, every sample's shape, dtype and values (NaN equal to
+    NaN), per-sample Python numbers as a ``[B]`` tensor of the matching dtype."""
+    if not expected:
+        return
+    flat = [pytree.tree_flatten(e) for e in expected]
+    leaves, spec = pytree.tree_flatten(got, is_leaf=lambda v: isinstance(v, raggedfn.Ragged))
+    assert spec == flat[0][1], f"type: output structure {spec} vs loop {flat[0][1]}"
+    columns = zip(*(leaves for leaves, _ in flat), strict=True)
+    for j, (g, column) in enumerate(zip(leaves, columns, strict=True)):
+        try:
+            _compare_leaf(g, list(column), f"output {j}", values=True)
+        except _Found as found:
+            raise AssertionError(f"{found.kind}: {found.detail}") from None
+
+
 def _loss(leaves: list[Any]) -> torch.Tensor | None:
     total = None
     for v in leaves:
@@ -222,6 +239,8 @@ def _check(program: Program, batch: Batch, map_fn: MapFn, caught: list[str]) -> 
     torch.manual_seed(batch.seed)
     out, map_error = _call(lambda: map_fn(f, x, p_map, in_dims=(0, None)), caught)
 
+    if x.values._version != version or not torch.equal(x.values.detach(), snapshot):
+        raise _Found("caller-mutated", "map changed the caller's packed values")
     if loop_error is not None:
         if map_error is not None:
             raise _Found(
@@ -234,8 +253,6 @@ def _check(program: Program, batch: Batch, map_fn: MapFn, caught: list[str]) -> 
     if map_error is not None:
         kind = "refused" if isinstance(map_error, raggedfn.RaggedError) else "crash"
         raise _Found(kind, _describe_error(map_error))
-    if x.values._version != version or not torch.equal(x.values.detach(), snapshot):
-        raise _Found("caller-mutated", "map changed the caller's packed values")
     if not expected:
         return  # B = 0: nothing to compare the output with
     flat = [pytree.tree_flatten(e) for e in expected]
@@ -501,6 +518,11 @@ class Summary:
             lines.append("\ngroups (kind, message): count, first program")
             for (kind, key), members in sorted(groups.items(), key=lambda kv: kv[1][0].index):
                 lines.append(f"  {len(members):5d}  {members[0].index:6d}  {kind}: {key}")
+                if reproducers:
+                    shortest = min(members, key=Found.size)
+                    sizes = [list(s) for s in shortest.batch.sizes]
+                    lines.append(f"         shortest: program {shortest.index}, sizes {sizes}")
+                    lines.extend(f"         {line}" for line in shortest.program.body())
         if self.shrunk:
             cores: dict[str, list[tuple[Found, Found]]] = {}
             for original, small in self.shrunk:
