@@ -250,6 +250,31 @@ _op(
     domain=[(">", "==", "!=")],
     weight=1.5,
 )
+# a branch on the input's size changes a value that is not empty for an empty sample
+_op(
+    "branch_input_size",
+    ANY,
+    "h = h * 2 + 1 if t.shape[0] {0} {1} else h - 1",
+    domain=[COMPARISONS, SMALL],
+    weight=1.5,
+)
+_op(
+    "emit_branch",
+    RAGGED,
+    "{{o}} = h.sum() + 1 if h.{0} else h.sum() - 1",
+    domain=[
+        (
+            "shape[0] > 0",
+            "shape[0] == 0",
+            "shape[0] >= 1",
+            "shape[0] != 0",
+            "numel() > 0",
+            "shape[0] > 1",
+            "shape[0] < 3",
+        )
+    ],
+    tags=["emit"],
+)
 _op(
     "branch_cols",
     PAIRS,
