@@ -303,8 +303,13 @@ def _check_grads(
 def _check_kinds(
     f: Any, batch: Batch, got: list[Any], columns: list[list[Any]], map_fn: MapFn, caught: list[str]
 ) -> None:
-    """The output structure is decided by f, not by this batch's lengths: a batch whose
-    samples all have sample 0's sizes gives the same Ragged/dense kind per output."""
+    """The output structure is decided by f, not by this batch's lengths.
+
+    Compared with a batch whose samples all have sample 0's sizes (``equal``), per
+    tensor output: where f's output shape follows the input sizes (the loop on larger
+    samples, ``_follows_sizes``) both batches give a Ragged; elsewhere both give the
+    same kind, except that a batch whose samples' shapes differ (a Python branch on
+    sizes choosing a fixed size, ``t[: min(1, n)]``) gives a Ragged, as it must."""
     if len(set(batch.sizes)) < 2:
         return
     equal = Batch(batch.input_kind, (batch.sizes[0],) * 2, batch.seed)
@@ -316,15 +321,40 @@ def _check_kinds(
     leaves, _ = pytree.tree_flatten(out, is_leaf=lambda v: isinstance(v, raggedfn.Ragged))
     if len(leaves) != len(got):
         raise _Found("type", "the output structure changed with equal lengths")
+    follows = _follows_sizes(f, batch, caught)
     for j, (a, b, column) in enumerate(zip(got, leaves, columns, strict=True)):
         if not all(isinstance(c, torch.Tensor) for c in column):
             continue
-        if isinstance(a, raggedfn.Ragged) != isinstance(b, raggedfn.Ragged):
-            raise _Found(
-                "type",
-                f"output {j} is {_brief(a)} for sizes {list(batch.sizes)} but {_brief(b)} "
-                f"for sizes {list(equal.sizes)}",
-            )
+        ragged_a, ragged_b = isinstance(a, raggedfn.Ragged), isinstance(b, raggedfn.Ragged)
+        where = f"output {j} is {_brief(a)} for sizes {list(batch.sizes)} and {_brief(b)} for sizes {list(equal.sizes)}"
+        if follows is not None and follows[j]:
+            if not (ragged_a and ragged_b):
+                raise _Found("type", f"{where}, but its shape follows the input sizes")
+        elif ragged_a != ragged_b and len({tuple(c.shape) for c in column}) == 1:
+            raise _Found("type", where)
+
+
+def _follows_sizes(f: Any, batch: Batch, caught: list[str]) -> list[bool] | None:
+    """Per flat output of the loop: does its shape change when sample 0 grows (by 2
+    and by 3 along every ragged axis)? None when the loop fails on those samples."""
+    grown = Batch(
+        batch.input_kind, tuple(tuple(n + k for n in batch.sizes[0]) for k in (2, 3)), batch.seed
+    )
+    shapes = []
+    for sample in grown.samples():
+        torch.manual_seed(batch.seed)
+        out, error = _call(lambda s=sample: f(s, params()), caught)
+        if error is not None:
+            return None
+        shapes.append(
+            [
+                tuple(v.shape) if isinstance(v, torch.Tensor) else None
+                for v in pytree.tree_leaves(out)
+            ]
+        )
+    if len(shapes[0]) != len(shapes[1]):
+        return None
+    return [s0 != s1 for s0, s1 in zip(shapes[0], shapes[1], strict=True)]
 
 
 def _check_noise(f: Any, batch: Batch, map_fn: MapFn, caught: list[str], copies: int = 8) -> None:

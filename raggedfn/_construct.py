@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -220,7 +221,10 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
     layout = Layout.from_ragged_positions(rank, positions)
     to_physical = layout.logical_to_physical()
     dense_shape = tuple(first.shape[a] for a in dense_positions)
-    packed = [t.permute(to_physical).reshape(-1, *dense_shape) for t in tensors]
+    packed = [
+        t.permute(to_physical).reshape(math.prod(t.shape[a] for a in positions), *dense_shape)
+        for t in tensors
+    ]
     values = torch.cat(packed) if len(packed) > 1 else packed[0].clone()
     sizes = torch.tensor([[t.shape[a] for a in positions] for t in tensors], dtype=torch.int64)
     sizes = sizes.to(first.device)

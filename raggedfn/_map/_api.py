@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -19,8 +20,18 @@ from ._fallback import function_loop, output_specs
 from ._interpret import Recorder, guard_mask, make_ctx, run
 from ._report import MapReport
 from ._sizes import Unsupported
-from ._split import merge, take
-from ._trace import _HINTS, _LOCK, Plan, is_ragged_leaf, leaf_kinds, signature, trace, tracing
+from ._split import merge, ragged_positions_of, take
+from ._trace import (
+    _HINTS,
+    _LOCK,
+    Plan,
+    TSpec,
+    is_ragged_leaf,
+    leaf_kinds,
+    signature,
+    trace,
+    tracing,
+)
 
 _RANDOMNESS = ("different", "same", "error")
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -135,11 +146,47 @@ def _new_variant(
     variant = Variant(static, deps)
     hints = tuple(_HINTS[c % len(_HINTS)] for c in range(len(classes)))
     plan = _trace_plan(f, leaves, kinds, treespec, classes, hints, deps)
-    if isinstance(plan, str):
-        variant.failure = plan
+    variant.structure = _structure(f, plan, leaves, kinds, treespec, classes, hints, deps)
+    if isinstance(plan, Failure):
+        variant.failure = plan.reason
         return variant, lifted, True
     variant.plans.append(plan)
     return variant, lifted, not plan.unknown
+
+
+def _structure(
+    f: Any,
+    plan: Plan | Failure,
+    leaves: list[Any],
+    kinds: list[str],
+    treespec: Any,
+    classes: tuple[int, ...],
+    hints: tuple[int, ...],
+    deps: Any,
+) -> list[tuple[int, ...]] | None:
+    """The ragged axes of each output, as f's first trace gives them (None when the trace
+    stopped before its end). A trace in which a guard fixed a ragged size (``len(t)``,
+    ``float(n)``) has fixed output sizes that may follow the input's: a second trace on
+    other sizes tells them apart (axes whose sizes differ are ragged)."""
+    specs, pinned = _specs(plan)
+    if specs is None:
+        return None
+    positions = [set(ragged_positions_of(s)) for s in specs]
+    if pinned:
+        other = _trace_plan(f, leaves, kinds, treespec, classes, tuple(h + 2 for h in hints), deps)
+        more, _ = _specs(other)
+        if more is None or len(more) != len(specs):
+            return None
+        for p, a, b in zip(positions, specs, more, strict=True):
+            if isinstance(a, TSpec) and isinstance(b, TSpec) and len(a.shape) == len(b.shape):
+                p.update(q for q, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y)
+    return [tuple(sorted(p)) for p in positions]
+
+
+def _specs(plan: Plan | Failure) -> tuple[list[Any] | None, bool]:
+    if isinstance(plan, Plan):
+        return output_specs(plan), plan.pinned
+    return plan.specs, plan.pinned
 
 
 def _trace_plan(
@@ -150,7 +197,7 @@ def _trace_plan(
     classes: tuple[int, ...],
     hints: tuple[int, ...],
     deps: Any,
-) -> Plan | str:
+) -> Plan | Failure:
     try:
         # trace outside any torch.func transform the call runs under
         with torch._C._DisableFuncTorch(), torch.enable_grad():
@@ -159,7 +206,18 @@ def _trace_plan(
         raise
     except Exception as error:  # data-dependent control flow, unsupported graph, ...
         first = str(error).splitlines()[0] if str(error) else ""
-        return f"tracing failed: {type(error).__name__}: {first}"[:500]
+        reason = f"tracing failed: {type(error).__name__}: {first}"[:500]
+        return Failure(reason, getattr(error, "specs", None), getattr(error, "pinned", False))
+
+
+@dataclasses.dataclass
+class Failure:
+    """Why ``f`` could not be traced; ``specs``: the output structure when the trace
+    completed but cannot run batched (an in-place write into an argument, ...)."""
+
+    reason: str
+    specs: list[Any] | None
+    pinned: bool = False
 
 
 def _lookup(
@@ -231,7 +289,16 @@ def _map(
                 "per-sample loop",
             )
         return _whole_loop(
-            f, args, dims, batch_size, variant, variant.failure, strict, randomness, report, None
+            f,
+            args,
+            dims,
+            batch_size,
+            variant,
+            variant.failure,
+            strict,
+            randomness,
+            report,
+            variant.structure,
         )
     _check_randomness(variant.plans, randomness)
     device = next(
@@ -248,6 +315,8 @@ def _map(
     ok = guard_mask(plan, ctx)
     if ok is None:  # every sample meets the guards: the common case, no split
         out = run(plan, ctx, inputs, strict, recorder)
+        if plan.pinned:  # fixed sizes of a pinned trace become ragged where f's are
+            out = _restructure(out, variant, batch_size, device)
     else:
         out = _split(
             f,
@@ -284,14 +353,14 @@ def _whole_loop(
     strict: bool,
     randomness: str,
     report: MapReport | None,
-    specs: list[Any] | None,
+    structure: list[tuple[int, ...]] | None,
 ) -> Any:
     if strict:
         raise fail("map", f"{reason}; strict=True refuses the per-sample loop")
     if report is not None:
         report.whole_loop = reason
     _warn(variant, f"f runs as a per-sample loop ({reason})")
-    return function_loop(f, args, dims, batch_size, specs, randomness)
+    return function_loop(f, args, dims, batch_size, structure, randomness)
 
 
 def _split(
@@ -341,8 +410,10 @@ def _split(
         hints = _class_hints(_columns(leaves, kinds), classes, sample)
         with _LOCK:
             new = _trace_plan(f, leaves, kinds, treespec, classes, hints, variant.deps)
-        if isinstance(new, str) or new.unknown:
-            variant.exhausted = new if isinstance(new, str) else "unfollowed captured tensors"
+        if isinstance(new, Failure) or new.unknown:
+            variant.exhausted = (
+                new.reason if isinstance(new, Failure) else "unfollowed captured tensors"
+            )
             break
         _check_randomness([new], randomness)
         variant.plans.append(new)
@@ -372,7 +443,7 @@ def _split(
             strict,
             randomness,
             None,
-            output_specs(variant.plans[0]),
+            variant.structure,
         )
     flat_parts: list[list[tuple[torch.Tensor, Any]]] = []
     out_spec = None
@@ -405,7 +476,7 @@ def _split(
             sub_args,
             dims,
             int(loop_index.numel()),
-            output_specs(groups[0][1]),
+            variant.structure,
             randomness,
             loop_index.tolist(),
         )
@@ -418,7 +489,30 @@ def _split(
         flat_parts.append([(loop_index, leaf) for leaf in flat])
     columns = list(zip(*flat_parts, strict=True))
     assert out_spec is not None
-    return pytree.tree_unflatten([merge(list(col), batch_size) for col in columns], out_spec)
+    # the output structure is the first plan's (traced on sizes unlike any special
+    # case), so it does not depend on which samples this batch holds
+    shapes = variant.structure or [()] * len(columns)
+    if len(shapes) != len(columns):
+        shapes = [()] * len(columns)
+    return pytree.tree_unflatten(
+        [merge(list(col), batch_size, s) for col, s in zip(columns, shapes, strict=True)],
+        out_spec,
+    )
+
+
+def _restructure(out: Any, variant: Variant, batch_size: int, device: Any) -> Any:
+    flat, spec = pytree.tree_flatten(out, is_leaf=is_ragged_leaf)
+    shapes = variant.structure or []
+    if len(shapes) != len(flat):
+        return out
+    every = torch.arange(batch_size, device=device)
+    return pytree.tree_unflatten(
+        [
+            merge([(every, leaf)], batch_size, s) if s else leaf
+            for leaf, s in zip(flat, shapes, strict=True)
+        ],
+        spec,
+    )
 
 
 def _class_hints(

@@ -39,6 +39,8 @@ class Variant:
     vid: str = dataclasses.field(default_factory=lambda: f"v{next(_IDS)}")
     plans: list[Plan] = dataclasses.field(default_factory=list)
     failure: str | None = None  # why tracing failed: the whole call runs per sample
+    # per flat output, its ragged per-sample axes (f's structure, whatever the batch)
+    structure: list[tuple[int, ...]] | None = None
     exhausted: str | None = None  # why no further plan is traced (a retrace failed)
     warned: set[str] = dataclasses.field(default_factory=set)
 

@@ -11,6 +11,7 @@ a ``RaggedError`` naming the sample.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from .._construct import from_list
 from .._errors import RaggedError, fail
 from .._ragged import Ragged
 from ._sizes import Sz
-from ._trace import Plan, Ref, TSpec
+from ._trace import Plan, TSpec, specs_of
 from ._values import Ctx, DenseB, RaggedB, SymB, canonical_layout, make_ragged
 
 
@@ -72,7 +73,10 @@ def restack(ctx: Ctx, outs: list[Any], spec: Any, defines: tuple[str, ...] = ())
     layout = canonical_layout(len(spec.shape), positions)
     dense = [s for s in spec.shape if not isinstance(s, Sz)]
     to_physical = layout.logical_to_physical()
-    parts = [o.permute(to_physical).reshape(-1, *dense) for o in outs]
+    parts = [
+        o.permute(to_physical).reshape(math.prod(o.shape[p] for p in positions), *dense)
+        for o in outs
+    ]
     if parts:
         values = torch.cat(parts)
     else:
@@ -121,7 +125,7 @@ def function_loop(
     args: tuple[Any, ...],
     in_dims: tuple[Any, ...],
     batch_size: int,
-    specs: list[Any] | None = None,
+    structure: list[tuple[int, ...]] | None = None,
     randomness: str = "different",
     names: list[int] | None = None,
 ) -> Any:
@@ -167,10 +171,11 @@ def function_loop(
         if other != spec:
             raise fail("map", f"f returns a different structure for sample {i}: {other} vs {spec}")
     columns = list(zip(*(leaves for leaves, _ in flat), strict=True))
-    if specs is None or len(specs) != len(columns):
-        specs = [None] * len(columns)
+    shapes: list[tuple[int, ...] | None] = list(structure or [])
+    if len(shapes) != len(columns):
+        shapes = [None] * len(columns)
     sizes = _input_sizes(args, in_dims, batch_size)
-    packed = [_stack_column(list(col), s, sizes) for col, s in zip(columns, specs, strict=True)]
+    packed = [_stack_column(list(col), s, sizes) for col, s in zip(columns, shapes, strict=True)]
     return pytree.tree_unflatten(packed, spec)
 
 
@@ -189,20 +194,23 @@ def _input_sizes(
     return sizes
 
 
-def _stack_column(col: list[Any], spec: Any, input_sizes: list[set[int]]) -> Any:
+def _stack_column(
+    col: list[Any], positions: tuple[int, ...] | None, input_sizes: list[set[int]]
+) -> Any:
     if not all(isinstance(c, Tensor) for c in col):
         if all(isinstance(c, (bool, int, float, complex)) for c in col):
             return torch.tensor(col)
         if all(c == col[0] for c in col):
             return col[0]
         return col
-    if isinstance(spec, TSpec) and all(c.ndim == len(spec.shape) for c in col):
-        positions = tuple(1 + p for p, s in enumerate(spec.shape) if isinstance(s, Sz))
-        if positions:
-            return from_list(col, ragged_dims=positions)
-        if len({tuple(c.shape) for c in col}) == 1:
-            return torch.stack(col)
     ranks = {c.ndim for c in col}
+    if positions is not None and len(ranks) == 1 and all(p < col[0].ndim for p in positions):
+        # f's traced structure, plus the axes whose sizes differ between these samples
+        rank = col[0].ndim
+        ragged = set(positions) | {a for a in range(rank) if len({c.shape[a] for c in col}) > 1}
+        if not ragged:
+            return torch.stack(col)
+        return from_list(col, ragged_dims=tuple(1 + a for a in sorted(ragged)))
     if len(ranks) != 1:
         raise fail(
             "map", f"f returns tensors of different ranks for different samples: {sorted(ranks)}"
@@ -239,8 +247,7 @@ def to_output(ctx: Ctx, value: Any) -> Any:
 
 def output_specs(plan: Plan) -> list[Any]:
     """The traced spec of every flat output (None for constants and inputs)."""
-    by_index = {step.index: step.out for step in plan.steps}
-    return [by_index.get(o.index) if isinstance(o, Ref) else None for o in plan.outputs]
+    return specs_of(plan.steps, plan.outputs)
 
 
 __all__ = ["function_loop", "node_loop", "output_specs", "restack", "sample_of", "to_output"]

@@ -11,6 +11,7 @@ selected elements together and in order: no sort, one host read for the total
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -59,7 +60,7 @@ def _select(ctx: Ctx, step: Any, x: RaggedB, mask: RaggedB) -> Any:
     x_rank = len(axes_of(x.layout))
     if mask_rank > x_rank or tuple(m.shape[1:]) != tuple(x.values.shape[1:mask_rank]):
         raise Unsupported("a mask that does not cover the leading axes")
-    flat = m.reshape(m.shape[0], -1).sum(1)
+    flat = m.reshape(m.shape[0], math.prod(m.shape[1:])).sum(1)
     counts = _prims.segment_sum(flat, x.struct.segments(), ctx.batch_size)
     values = x.values[m]
     sz, struct = _define(ctx, step, counts, values.shape[0])
@@ -80,6 +81,11 @@ def index_rule(ctx: Ctx, step: Any, x: Any, indices: Any) -> Any:
     return _select(ctx, step, x, mask)
 
 
+def _rows(t: Tensor) -> Tensor:
+    """``t`` as ``[rows, everything else]`` (exact for empty tensors, unlike ``-1``)."""
+    return t.reshape(t.shape[0], math.prod(t.shape[1:]))
+
+
 @rule(aten.masked_select)
 def masked_select_rule(ctx: Ctx, step: Any, x: Any, mask: Any) -> Any:
     if not isinstance(x, RaggedB) or not isinstance(mask, RaggedB):
@@ -88,9 +94,9 @@ def masked_select_rule(ctx: Ctx, step: Any, x: Any, mask: Any) -> Any:
     mask = canonicalize(ctx, mask)
     if len(axes_of(x.layout)) != len(axes_of(mask.layout)) or x.values.shape != mask.values.shape:
         raise Unsupported("masked_select with broadcasting")
-    x = RaggedB(x.values.reshape(x.values.shape[0], -1), canonical_layout(2, (0,)), x.sz, x.struct)
+    x = RaggedB(_rows(x.values), canonical_layout(2, (0,)), x.sz, x.struct)
     mask = RaggedB(
-        mask.values.reshape(mask.values.shape[0], -1),
+        _rows(mask.values),
         canonical_layout(2, (0,)),
         mask.sz,
         mask.struct,
@@ -112,7 +118,7 @@ def nonzero_rule(ctx: Ctx, step: Any, x: Any) -> Any:
     segments = x.struct.segments()
     local = rows - x.struct.offsets.index_select(0, segments.index_select(0, rows))
     coords = torch.cat([local[:, None], found[:, 1:]], 1)
-    flat = m.reshape(m.shape[0], -1).sum(1)
+    flat = m.reshape(m.shape[0], math.prod(m.shape[1:])).sum(1)
     counts = _prims.segment_sum(flat, segments, ctx.batch_size)
     sz, struct = _define(ctx, step, counts, coords.shape[0])
     return RaggedB(coords, canonical_layout(2, (0,)), (sz,), struct)

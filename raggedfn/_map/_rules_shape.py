@@ -201,6 +201,10 @@ def _take(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: 
     k_dim = axes_of(x.layout)[dim].index
     keeps_axis = len(out_shape) == len(axes_of(x.layout))
     positions = _ragged_positions(out_shape)
+    others = len(positions) - (1 if keeps_axis and isinstance(out_shape[dim], Sz) else 0)
+    if others != num_ragged_of(x.layout) - 1:
+        # another ragged axis has a fixed size in this trace (a guard fixed it)
+        raise Unsupported("indexing where another ragged axis has a size fixed by a guard")
     if keeps_axis and not isinstance(out_shape[dim], Sz):
         return _take_fixed(ctx, x, dim, out_shape, index_of)
     if positions:

@@ -16,10 +16,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._construct import from_list, unbind
 from .._errors import fail
 from .._index import offsets_of
 from .._layout import Layout
 from .._ragged import Ragged
+from ._sizes import Sz
+from ._trace import TSpec
 
 
 def take(value: Any, index: Tensor) -> Any:
@@ -91,48 +94,78 @@ def _standard(x: Ragged, layout: Layout) -> Ragged:
     return out
 
 
-def merge(parts: list[tuple[Tensor, Any]], batch_size: int) -> Any:
-    """One output leaf from its parts ``(sample indices, leaf for those samples)``."""
+def _ragged_positions(v: Ragged) -> set[int]:
+    return {p for p, a in enumerate(v.layout.axes) if a.ragged}
+
+
+def _fixed_sizes(v: Any) -> list[int | None]:
+    """Per logical axis: its size when the same for every sample of ``v``, else None."""
+    if isinstance(v, Tensor):
+        return list(v.shape[1:])
+    return [None if a.ragged else int(v.values.shape[1 + a.index]) for a in v.layout.axes]
+
+
+def merge(parts: list[tuple[Tensor, Any]], batch_size: int, ragged: tuple[int, ...] = ()) -> Any:
+    """One output leaf from its parts ``(sample indices, leaf for those samples)``.
+
+    A per-sample axis is ragged in the result when it is in ``ragged`` (the output
+    structure f's trace gives), ragged in some part, or of different fixed sizes in
+    different parts; else the parts are dense and join as a ``[B, ...]`` tensor.
+    """
     values = [v for _, v in parts]
     order = torch.cat([i for i, _ in parts])
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.shape[0], device=order.device)
-    first = next((v for v in values if isinstance(v, Ragged)), None)
-    if first is not None:
-        layout = first.layout
-        pieces = [
-            _standard(v, layout) if isinstance(v, Ragged) else _dense_as_ragged(v, first)
-            for v in values
-        ]
-        lengths = torch.cat([p.offsets[1:] - p.offsets[:-1] for p in pieces])
-        joined = Ragged._make(
-            torch.cat([p.values for p in pieces]),
-            offsets_of(lengths),
-            torch.cat([p.sizes for p in pieces]),
-            layout,
-        )
-        return take_samples(joined, inverse)
-    if all(isinstance(v, Tensor) for v in values):
-        shapes = {tuple(v.shape[1:]) for v in values}
-        if len(shapes) == 1:
-            return torch.cat(values).index_select(0, inverse)
-        # branches on sizes that give different fixed shapes (t[:min(1, n)]): the axes
-        # that differ are ragged, as the per-sample loop's results would be
-        ranks = {len(shape) for shape in shapes}
-        if len(ranks) != 1:
-            raise fail(
-                "map",
-                f"f returns per-sample shapes of different ranks {sorted(shapes)} for "
-                "different samples",
+    tensors = [isinstance(v, (Tensor, Ragged)) for v in values]
+    if not any(tensors):
+        if all(v == values[0] for v in values):
+            return values[0]
+        raise fail("map", f"f returns different non-tensor values in different samples: {values}")
+    if not all(tensors):
+        raise fail("map", "f returns a tensor in some samples and a number in others")
+    ranks = {len(_fixed_sizes(v)) for v in values}
+    if len(ranks) != 1:
+        raise fail("map", f"f returns per-sample values of different ranks {sorted(ranks)}")
+    rank = ranks.pop()
+    positions = set(ragged)
+    for v in values:
+        if isinstance(v, Ragged):
+            positions |= _ragged_positions(v)
+    fixed = [_fixed_sizes(v) for v in values]
+    for p in range(rank):
+        if len({f[p] for f in fixed}) > 1:
+            positions.add(p)
+    if not positions:
+        return torch.cat(values).index_select(0, inverse)
+    layout = Layout.from_ragged_positions(rank, tuple(sorted(positions)))
+    pieces = []
+    for v in values:
+        if isinstance(v, Tensor):
+            pieces.append(_dense_as_ragged(v, None, layout))
+        elif _ragged_positions(v) == positions:
+            pieces.append(_standard(v, layout))
+        else:  # a part with fewer ragged axes (rare): rebuilt from its samples
+            pieces.append(
+                from_list(list(unbind(v)), ragged_dims=tuple(1 + p for p in sorted(positions)))
             )
-        rank = ranks.pop()
-        varying = tuple(p for p in range(rank) if len({shape[p] for shape in shapes}) > 1)
-        layout = Layout.from_ragged_positions(rank, varying)
-        like = _dense_as_ragged(values[0][:0], None, layout)
-        return merge([(i, _dense_as_ragged(v, like, layout)) for i, v in parts], batch_size)
-    if all(v == values[0] for v in values):
-        return values[0]
-    raise fail("map", f"f returns different non-tensor values in different samples: {values}")
+    dense = {tuple(p.values.shape[1:]) for p in pieces}
+    if len(dense) != 1:
+        raise fail("map", "f returns per-sample values whose fixed-size axes differ")
+    lengths = torch.cat([p.offsets[1:] - p.offsets[:-1] for p in pieces])
+    joined = Ragged._make(
+        torch.cat([p.values for p in pieces]),
+        offsets_of(lengths),
+        torch.cat([p.sizes for p in pieces]),
+        pieces[0].layout,
+    )
+    return take_samples(joined, inverse)
 
 
-__all__ = ["merge", "take", "take_samples"]
+def ragged_positions_of(spec: Any) -> tuple[int, ...]:
+    """The ragged per-sample axes of a traced output spec (none for other outputs)."""
+    if not isinstance(spec, TSpec):
+        return ()
+    return tuple(p for p, s in enumerate(spec.shape) if isinstance(s, Sz))
+
+
+__all__ = ["merge", "ragged_positions_of", "take", "take_samples"]

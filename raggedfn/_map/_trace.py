@@ -139,6 +139,7 @@ class Plan:
     trace_seconds: float
     lifted: dict[int, int]  # step index of a captured tensor -> its lifted slot
     unknown: list[str]  # captured tensors found nowhere raggedfn looks (see _deps)
+    pinned: bool = False  # a guard fixed a ragged size to a constant (len(t), int(n), n == 5)
     warned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
 
 
@@ -457,7 +458,19 @@ def _trace(
         lifted_ids,
         equalities(checked),
     )
-    _check_writes(gm, steps)
+    ours = {name for k in lk for name in k.symbols}
+    pinned = any(
+        str(sym) in ours and getattr(value, "is_number", False)
+        for sym, value in env.replacements.items()
+    )
+    try:
+        _check_writes(gm, steps)
+    except Unsupported as error:
+        # the trace is complete, only not runnable batched: the loop that runs instead
+        # restacks its outputs with the traced structure (the same for every batch)
+        error.specs = specs_of(steps, outputs)  # type: ignore[attr-defined]
+        error.pinned = pinned  # type: ignore[attr-defined]
+        raise
     guards: list[tuple[str, Evaluator]] = []
     found: list[tuple[Any, str]] = []
     for g in env.guards:
@@ -484,7 +497,14 @@ def _trace(
         time.perf_counter() - start,
         lifted,
         unknown,
+        pinned=pinned,
     )
+
+
+def specs_of(steps: list[Step], outputs: list[Any]) -> list[Any]:
+    """The traced spec of every flat output (None for constants and inputs)."""
+    by_index = {step.index: step.out for step in steps}
+    return [by_index.get(o.index) if isinstance(o, Ref) else None for o in outputs]
 
 
 def _mutates(target: Any) -> bool:

@@ -153,7 +153,7 @@ def _per_sample(
         if r == 1:
             out = out.squeeze(0)
         physical = out.movedim(-3, -2).permute(q.layout.logical_to_physical())
-        outs.append(physical.reshape(-1, *physical.shape[r:]))
+        outs.append(physical.flatten(0, r - 1))
     return Ragged(torch.cat(outs), q.offsets, q.sizes, q.layout)
 
 

@@ -163,8 +163,7 @@ def unpad(
     first = parts[0]
     device = first.device
     physical = [_to_physical(p, layout) for p in parts]
-    dense = tuple(physical[0].shape[1 + len(symbols) :])
-    flat = torch.cat([p.reshape(-1, *dense) for p in physical])
+    flat = torch.cat([p.flatten(0, len(symbols)) for p in physical])
     num_ragged = len(symbols)
     starts = [0] * batch_size
     strides = [[0] * num_ragged for _ in range(batch_size)]

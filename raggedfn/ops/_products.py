@@ -316,7 +316,7 @@ def _per_sample(
     pieces = []
     for result in results:
         physical = result.permute(order)
-        pieces.append(physical.reshape(-1, *physical.shape[len(out_symbols) :]))
+        pieces.append(physical.flatten(0, len(out_symbols) - 1))
     out_sizes = torch.tensor(
         [[sizes[s][b] for s in out_symbols] for b in range(batch_size)],
         dtype=torch.int64,
