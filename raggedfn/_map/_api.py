@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -423,7 +424,8 @@ def _split(
     if loop_index is not None:
         reason = "; ".join(sorted(set(failed_guards))) or "no trace fits these sizes"
         reason = f"guard {reason} fails for {loop_index.numel()} sample(s)"
-        if strict:
+        empty = _empty_samples(leaves, kinds, batch_size, device)
+        if strict and not bool(empty[loop_index].all()):
             raise fail(
                 "map",
                 f"the trace of f holds only under {reason}; strict=True refuses the per-sample loop",
@@ -440,7 +442,7 @@ def _split(
             batch_size,
             variant,
             reason,
-            strict,
+            False,  # strict refused above unless every sample is empty
             randomness,
             None,
             variant.structure,
@@ -453,7 +455,10 @@ def _split(
             for leaf, kind in zip(leaves, kinds, strict=True)
         ]
         ctx, inputs = make_ctx(plan, sub, int(sample_index.numel()), device, lifted, randomness)
-        out = run(plan, ctx, inputs, strict, recorder)
+        # strict=True lets samples without elements run per node: they cost nothing,
+        # and torch's own code often special-cases them (a plan of their own is pinned)
+        only_empty = bool(_empty_samples(leaves, kinds, batch_size, device)[sample_index].all())
+        out = run(plan, ctx, inputs, strict and not only_empty, recorder)
         flat, spec = pytree.tree_flatten(out, is_leaf=is_ragged_leaf)
         if out_spec is None:
             out_spec = spec
@@ -515,6 +520,19 @@ def _restructure(out: Any, variant: Variant, batch_size: int, device: Any) -> An
     )
 
 
+def _empty_samples(
+    leaves: list[Any], kinds: list[str], batch_size: int, device: Any
+) -> torch.Tensor:
+    """``[B]`` bool: samples in which every mapped Ragged has no elements."""
+    empty = torch.ones(batch_size, dtype=torch.bool, device=device)
+    for leaf, kind in zip(leaves, kinds, strict=True):
+        if kind == "ragged":
+            empty &= (leaf.offsets[1:] == leaf.offsets[:-1]).to(device)
+        elif kind == "dense" and math.prod(leaf.shape[1:]) > 0:
+            empty &= False
+    return empty
+
+
 def _class_hints(
     columns: list[torch.Tensor], classes: tuple[int, ...], sample: int
 ) -> tuple[int, ...]:
@@ -556,7 +574,9 @@ def map(
         *args: ``Ragged`` values and ``[B, ...]`` tensors (mapped) and shared
             values such as parameters (with ``in_dims`` None).
         in_dims: 0 (mapped) or None (shared), one for all or one per argument.
-        strict: raise ``RaggedError`` instead of running any per-sample loop.
+        strict: raise ``RaggedError`` instead of running any per-sample loop (samples
+            without elements excepted: they cost nothing, and a guard of torch's own
+            code may send them off the batched plan).
         randomness: as in ``torch.func.vmap``: ``"different"`` (random ops draw
             independently for every sample, like the loop), ``"same"`` (one draw
             shared by all samples; refused for ragged shapes) or ``"error"``.

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import sympy  # type: ignore[import-untyped]
 import torch
+import torch._dynamo.config as dynamo_config
 import torch.utils._pytree as pytree
 import torch.utils._sympy.functions as symfn
 from torch import Tensor
@@ -379,7 +380,12 @@ def trace(
             # unbacked ones: t[:1] has size Min(1, s) instead of 1 under a guard
             hook = torch.nn.modules.module.register_module_forward_pre_hook(_refuse_hooked)
             try:
-                with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
+                # the fake tensor cache rebuilds outputs with guards of its own on
+                # storage sizes (Ne(numel, 0)): layout bookkeeping, not values
+                with (
+                    fx_config.patch(backed_size_oblivious=True),  # type: ignore[attr-defined]
+                    dynamo_config.patch(fake_tensor_cache_enabled=False),
+                ):
                     return _trace(fn, leaves, kinds, treespec, classes, hints, lifted_ids)
             finally:
                 hook.remove()
