@@ -238,8 +238,12 @@ def test_samples_no_trace_fits_run_per_sample_or_strict_refuses():
     with pytest.warns(RaggedPerformanceWarning, match="some samples run per sample"):
         with pytest.raises(RaggedError, match="for sample 1"):
             raggedfn.map(branch_then_index, x)
-    with pytest.raises(RaggedError, match="strict=True refuses"):
+    # strict=True: an empty sample may run per sample (it costs nothing), and raises
+    # as the loop does; a non-empty sample no plan fits is refused
+    with pytest.raises(RaggedError, match="for sample 1"):
         raggedfn.map(branch_then_index, x, strict=True)
+    with pytest.raises(RaggedError, match="strict=True refuses"):
+        raggedfn.map(lambda t: t[len(t) // 2], tokens((5, 2, 4, 3, 6, 7)), strict=True)
     fits = tokens((5, 2, 4))
     assert_same(raggedfn.map(branch_then_index, fits), loop(branch_then_index, fits))
 

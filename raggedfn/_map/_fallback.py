@@ -247,7 +247,7 @@ def to_output(ctx: Ctx, value: Any) -> Any:
 
 def output_specs(plan: Plan) -> list[Any]:
     """The traced spec of every flat output (None for constants and inputs)."""
-    return specs_of(plan.steps, plan.outputs)
+    return specs_of(plan.steps, plan.outputs, plan.inputs)
 
 
 __all__ = ["function_loop", "node_loop", "output_specs", "restack", "sample_of", "to_output"]

@@ -266,9 +266,11 @@ def _dense_only(
         new_kwargs["dim"] = new_dim
     new_args[0] = x.values
     values = step.target(*new_args, **new_kwargs)
-    shape = step.out.shape
-    positions = tuple(p for p, s in enumerate(shape) if isinstance(s, Sz))
-    layout = canonical_layout(len(shape), positions)
+    # x's ragged axes stay ragged (a trace in which a guard fixed one of their sizes
+    # has an int in step.out.shape there, but the values keep it as a ragged axis)
+    kept = [p for p in range(len(axes_of(x.layout))) if bool(bound.get("keepdim")) or p not in dims]
+    positions = tuple(kept.index(p) for p in x.positions())
+    layout = canonical_layout(len(kept), positions)
     return RaggedB(values, layout, x.sz, x.struct)
 
 

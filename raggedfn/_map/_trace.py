@@ -141,6 +141,7 @@ class Plan:
     lifted: dict[int, int]  # step index of a captured tensor -> its lifted slot
     unknown: list[str]  # captured tensors found nowhere raggedfn looks (see _deps)
     pinned: bool = False  # a guard fixed a ragged size to a constant (len(t), int(n), n == 5)
+    inputs: list[Any] = dataclasses.field(default_factory=list)  # specs of the placeholders
     warned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
 
 
@@ -457,13 +458,15 @@ def _trace(
     checked = [g.expr for g in env.guards]
     for asserts in env.deferred_runtime_asserts.values():
         checked.extend(a.expr for a in asserts)
+    replace = equalities(checked)
     steps, outputs, lifted, unknown = _plan_steps(
         gm,
         len(fakes),
         [k.kind for k in lk if k.kind != "constant"],
         lifted_ids,
-        equalities(checked),
+        replace,
     )
+    inputs = [_spec_of(fake, replace) for fake in fakes]
     ours = {name for k in lk for name in k.symbols}
     pinned = any(
         str(sym) in ours and getattr(value, "is_number", False)
@@ -474,7 +477,7 @@ def _trace(
     except Unsupported as error:
         # the trace is complete, only not runnable batched: the loop that runs instead
         # restacks its outputs with the traced structure (the same for every batch)
-        error.specs = specs_of(steps, outputs)  # type: ignore[attr-defined]
+        error.specs = specs_of(steps, outputs, inputs)  # type: ignore[attr-defined]
         error.pinned = pinned  # type: ignore[attr-defined]
         raise
     guards: list[tuple[str, Evaluator]] = []
@@ -504,12 +507,16 @@ def _trace(
         lifted,
         unknown,
         pinned=pinned,
+        inputs=inputs,
     )
 
 
-def specs_of(steps: list[Step], outputs: list[Any]) -> list[Any]:
-    """The traced spec of every flat output (None for constants and inputs)."""
+def specs_of(steps: list[Step], outputs: list[Any], inputs: list[Any]) -> list[Any]:
+    """The traced spec of every flat output (None for constants); ``inputs``: the specs
+    of the placeholders (plan indices ``0 .. len(inputs) - 1``), for outputs that are
+    arguments of f returned as they are."""
     by_index = {step.index: step.out for step in steps}
+    by_index.update(enumerate(inputs))
     return [by_index.get(o.index) if isinstance(o, Ref) else None for o in outputs]
 
 
