@@ -15,7 +15,9 @@ ctx, ``setup_context``, a backward built from other primitives,
 ``segment_amax``/``segment_amin`` (ties share the gradient, as ``torch.amax``;
 ``segment_max``/``segment_min`` add the non-differentiable arg index),
 ``segment_softmax``, ``segment_log_softmax``, ``segment_prod`` (exact with zeros,
-and vmap-able, unlike ``scatter_reduce``'s own rule), and the dense
+and vmap-able, unlike ``scatter_reduce``'s own rule), ``segment_matmul`` and
+``segment_outer`` (grouped GEMMs for experts, each the other's derivative, with
+forward-mode rules), and the dense
 ``scaled_dot_product_attention`` (saves the row logsumexp, not the
 probabilities, so a bias gradient does not keep the softmax alive). Everything else is a composite of
 differentiable torch ops, which is as fast and also supports forward-mode AD
@@ -32,6 +34,7 @@ raise).
 """
 
 from ._extrema import identity, segment_amax, segment_amin, segment_max, segment_min
+from ._grouped import segment_matmul, segment_outer
 from ._opaque import host_planned, implement
 from ._prod import segment_prod
 from ._sdpa import scaled_dot_product_attention
@@ -61,8 +64,10 @@ __all__ = [
     "segment_log_softmax",
     "segment_logsumexp",
     "segment_max",
+    "segment_matmul",
     "segment_mean",
     "segment_min",
+    "segment_outer",
     "segment_prod",
     "segment_softmax",
     "segment_sum",

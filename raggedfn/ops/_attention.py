@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _prims
+from .._axes import refuse_nested
 from .._errors import describe, fail, shape_text
 from .._layout import Layout
 from .._prims import scaled_dot_product_attention as lean_sdpa
@@ -35,6 +36,7 @@ __all__ = ["attention"]
 def _check_tokens(fn: str, name: str, x: object, num_ragged: int | None = None) -> Ragged:
     if not isinstance(x, Ragged):
         raise fail(fn, f"{name} must be a Ragged value, got {describe(x)}")
+    refuse_nested(fn, x)
     r = x.num_ragged
     if num_ragged is None and r not in (1, 2):
         raise fail(
