@@ -171,10 +171,11 @@ def from_nested_list(samples: Sequence[Any]) -> Ragged:
         children: list[Any] = []
         for n, item in enumerate(current):
             if not isinstance(item, (list, tuple)):
+                where = f"sample {n}" if level == 1 else f"entry {n} at nesting depth {level}"
                 raise fail(
                     fn,
-                    f"expected a list at nesting depth {level} (entry {n} of that level), got "
-                    f"{describe(item)}; every tensor must sit at depth {depth}",
+                    f"{where} must be a list (of tensors or lists), got {describe(item)}; every "
+                    f"tensor must sit at nesting depth {depth}",
                 )
             counts.append(len(item))
             children.extend(item)

@@ -412,7 +412,7 @@ def test_from_list_of_lists_gives_nested_levels():
         ),
         (
             [[torch.zeros(2)], torch.zeros(1)],
-            r"from_list: expected a list at nesting depth 1 \(entry 1 of that level\)",
+            r"from_list: sample 1 must be a list \(of tensors or lists\), got .*depth 2",
         ),
     ],
 )
