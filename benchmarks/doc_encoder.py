@@ -153,7 +153,9 @@ def systems(data: dict[str, Any], p: Params) -> dict[str, Callable[[bool], Any]]
 
     return {
         "padded": lambda b: graded(lambda v: encode_padded(v, mask, p), padded, b),
-        "raggedfn": lambda b: graded(lambda v: encode_ragged(nested.with_values(v), p), nested.values, b),
+        "raggedfn": lambda b: graded(
+            lambda v: encode_ragged(nested.with_values(v), p), nested.values, b
+        ),
         "loop": lambda b: graded(lambda v: encode_loop(split(v), p), flat, b),
     }
 

@@ -50,7 +50,9 @@ def routing(tokens: int, experts: int, seed: int = 0) -> Tensor:
     return torch.multinomial(weights / weights.sum(), tokens, replacement=True, generator=gen)
 
 
-def make_inputs(tokens: int, experts: int, dim: int, seed: int = 0) -> tuple[Tensor, Tensor, Params]:
+def make_inputs(
+    tokens: int, experts: int, dim: int, seed: int = 0
+) -> tuple[Tensor, Tensor, Params]:
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(tokens, dim, generator=gen)
     params = {

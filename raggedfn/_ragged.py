@@ -191,6 +191,19 @@ class Ragged:
             layout = Layout.standard(layout.num_ragged, values.ndim - 1, layout.num_nested > 0)
         return Ragged(values, self.offsets, self.sizes, layout, self.row_offsets)
 
+    def clone(self) -> Ragged:
+        """A copy that owns new ``values`` (and partition) tensors, like ``Tensor.clone``.
+
+        Gradients flow through the copy of ``values`` as through ``Tensor.clone``.
+        """
+        return Ragged(
+            self.values.clone(),
+            self.offsets.clone(),
+            self.sizes.clone(),
+            self.layout,
+            tuple(p.clone() for p in self.row_offsets),
+        )
+
     def detach(self) -> Ragged:
         """The same value with ``values`` detached from the autograd graph."""
         return like(self, self.values.detach())
