@@ -212,10 +212,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def markdown(record: dict[str, Any]) -> str:
-    b, s, l = record["padded_shape"]
+    b, s, length = record["padded_shape"]
     lines = [
         f"Two-level document encoder, B = {b} documents, {record['sentences']} sentences, "
-        f"{record['tokens']} tokens, D = {record['dim']}, padded [{b}, {s}, {l}, D] "
+        f"{record['tokens']} tokens, D = {record['dim']}, padded [{b}, {s}, {length}, D] "
         f"(ideal ratio real / padded tokens {record['ideal_ratio']:.3f}), float32, "
         f"{record['threads']} thread(s), median of {record['rounds']} rounds",
         "",

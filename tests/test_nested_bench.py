@@ -34,8 +34,8 @@ def test_doc_encoder_benchmark_runs_and_agrees(capsys: pytest.CaptureFixture[str
     record = doc_encoder.main(["--docs", "3", "--dim", "8", "--rounds", "1"])
     out = capsys.readouterr().out
     assert "| fwd |" in out and "| fwd+bwd |" in out
-    b, s, l = record["padded_shape"]
-    assert record["ideal_ratio"] == record["tokens"] / (b * s * l)
+    b, s, length = record["padded_shape"]
+    assert record["ideal_ratio"] == record["tokens"] / (b * s * length)
 
 
 def test_doc_encoder_padded_equals_the_loop() -> None:
