@@ -101,7 +101,7 @@ class Layout:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(3, 2, 3), torch.zeros(4, 2, 4)], ragged_dims=(1, 3))
         >>> x.layout, x.layout.axes[1]
-        (Layout('r0 d0 r1'), Axis(ragged=False, index=0))
+        (Layout('r0 d0 r1'), Axis(ragged=False, index=0, nested=False))
         >>> raggedfn.Layout.standard(1, 1).describe((8,))
         '(N*, 8)'
     """
