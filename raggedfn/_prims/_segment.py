@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._forward import forward_mode
+
 
 def _column(index: Tensor, values: Tensor) -> Tensor:
     """``index [T]`` viewed as ``[T, 1, ...]`` to broadcast against ``values``."""
@@ -32,7 +34,17 @@ def segment_sum(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     needs no custom rule.
     """
     zeros = values.new_zeros((num_segments, *values.shape[1:]))
+    if _compiled_forward_mode():
+        return zeros.scatter_add(0, _column(segments, values).expand_as(values), values)
     return torch.index_add(zeros, 0, segments, values)
+
+
+def _compiled_forward_mode() -> bool:
+    """Forward-mode AD traced by ``torch.compile``: inductor 2.13's CPU code generation
+    fails on the forward derivative of ``index_add`` (an assertion in its vectorized
+    atomic store, also where ``index_add`` is ``index_select``'s backward) and not on
+    ``scatter_add``/``gather``, which give the same values and derivatives."""
+    return torch.compiler.is_compiling() and forward_mode()
 
 
 def broadcast(per_segment: Tensor, segments: Tensor) -> Tensor:
@@ -40,6 +52,9 @@ def broadcast(per_segment: Tensor, segments: Tensor) -> Tensor:
 
     The backward is :func:`segment_sum` (``index_select``'s rule is ``index_add``).
     """
+    if _compiled_forward_mode():
+        index = segments.reshape(-1, *([1] * (per_segment.ndim - 1)))
+        return per_segment.gather(0, index.expand(-1, *per_segment.shape[1:]))
     return per_segment.index_select(0, segments)
 
 

@@ -21,6 +21,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _prims
 from .._axes import refuse_nested
@@ -273,6 +274,11 @@ def attention(
     """
     if torch.compiler.is_compiling():  # the plan runs inside one opaque graph node
         return _compiled(q, k, v, bias, key_padding, causal, scale)
+    tensors = [t.values if isinstance(t, Ragged) else t for t in (q, k, v, bias)]
+    if _prims.has_tangent(*(t for t in tensors if isinstance(t, Tensor))):
+        # torch's fused CPU kernels have no forward-mode derivative; the math path does
+        with sdpa_kernel(SDPBackend.MATH):
+            return _attention(q, k, v, bias, key_padding, causal, scale)
     return _attention(q, k, v, bias, key_padding, causal, scale)
 
 
