@@ -51,6 +51,7 @@ from ._segment import (
     segment_cumsum,
     segment_mean,
     segment_sum,
+    take_rows,
     unpad,
 )
 from ._softmax import segment_log_softmax, segment_logsumexp, segment_softmax
@@ -79,6 +80,7 @@ __all__ = [
     "segment_prod",
     "segment_softmax",
     "segment_sum",
+    "take_rows",
     "unpad",
     "varlen_attention",
 ]

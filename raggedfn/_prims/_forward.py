@@ -51,9 +51,16 @@ def call(
     """
     if not torch.compiler.is_compiling():
         return eager.apply(*args)
-    if forward_mode() or torch._C._functorch.peek_interpreter_stack() is not None:
+    if compiled_transform():
         return body(*args)
     return compiled.apply(*args)
+
+
+def compiled_transform() -> bool:
+    """Dynamo is tracing inside a ``torch.func`` transform or with forward mode active."""
+    return torch.compiler.is_compiling() and (
+        forward_mode() or torch._C._are_functorch_transforms_active()
+    )
 
 
 def forward_mode() -> bool:
@@ -78,7 +85,7 @@ def has_tangent(*tensors: Tensor | None) -> bool:
     """
     if not forward_mode():
         return False
-    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return True
     return any(t is not None and fwAD.unpack_dual(t).tangent is not None for t in tensors)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._forward import forward_mode
+from ._forward import compiled_transform
 
 
 def _column(index: Tensor, values: Tensor) -> Tensor:
@@ -34,17 +34,9 @@ def segment_sum(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     needs no custom rule.
     """
     zeros = values.new_zeros((num_segments, *values.shape[1:]))
-    if _compiled_forward_mode():
+    if compiled_transform():  # see take_rows
         return zeros.scatter_add(0, _column(segments, values).expand_as(values), values)
     return torch.index_add(zeros, 0, segments, values)
-
-
-def _compiled_forward_mode() -> bool:
-    """Forward-mode AD traced by ``torch.compile``: inductor 2.13's CPU code generation
-    fails on the forward derivative of ``index_add`` (an assertion in its vectorized
-    atomic store, also where ``index_add`` is ``index_select``'s backward) and not on
-    ``scatter_add``/``gather``, which give the same values and derivatives."""
-    return torch.compiler.is_compiling() and forward_mode()
 
 
 def broadcast(per_segment: Tensor, segments: Tensor) -> Tensor:
@@ -52,10 +44,22 @@ def broadcast(per_segment: Tensor, segments: Tensor) -> Tensor:
 
     The backward is :func:`segment_sum` (``index_select``'s rule is ``index_add``).
     """
-    if _compiled_forward_mode():
-        index = segments.reshape(-1, *([1] * (per_segment.ndim - 1)))
-        return per_segment.gather(0, index.expand(-1, *per_segment.shape[1:]))
-    return per_segment.index_select(0, segments)
+    return take_rows(per_segment, segments)
+
+
+def take_rows(values: Tensor, index: Tensor) -> Tensor:
+    """``values[index]`` along the leading axis: ``[S, *rest] -> [T, *rest]``.
+
+    ``index_select`` (the fastest row gather on CPU), except inside ``torch.func``
+    transforms or forward mode traced by ``torch.compile``: there inductor 2.13 gives
+    silently wrong results for the batched backward of ``index_select``
+    (``jacrev``/``vmap(grad)``) and fails on its forward derivatives (``jvp``:
+    an assertion in its CPU code generation; ``hessian``: a crash), while ``gather``
+    (and ``scatter_add`` for :func:`segment_sum`) compiles right.
+    """
+    if compiled_transform():
+        return values.gather(0, _column(index, values).expand(-1, *values.shape[1:]))
+    return values.index_select(0, index)
 
 
 def segment_counts(segments: Tensor, num_segments: int) -> Tensor:
@@ -116,7 +120,7 @@ def segment_cumsum(values: Tensor, starts: Tensor) -> Tensor:
     out_dtype = torch.int64 if _accumulator(values.dtype) == torch.int64 else values.dtype
     running = torch.cumsum(values.to(_accumulator(values.dtype)), 0)
     before = torch.cat([running.new_zeros((1, *running.shape[1:])), running[:-1]])
-    return (running - before.index_select(0, starts)).to(out_dtype)
+    return (running - take_rows(before, starts)).to(out_dtype)
 
 
 def pad(
@@ -154,4 +158,4 @@ def unpad(padded: Tensor, segments: Tensor, positions: Tensor) -> Tensor:
     """
     num_segments, max_length = padded.shape[0], padded.shape[1]
     flat = padded.reshape(num_segments * max_length, *padded.shape[2:])
-    return flat.index_select(0, segments * max_length + positions)
+    return take_rows(flat, segments * max_length + positions)

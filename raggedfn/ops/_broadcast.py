@@ -28,6 +28,7 @@ from .._errors import describe, fail, shape_text
 from .._index import coordinates, offsets_of, segment_ids
 from .._layout import Layout
 from .._nested import ancestors, level_offsets, parents
+from .._prims import take_rows
 from .._ragged import Ragged
 from .._validate import is_tracing
 
@@ -142,8 +143,9 @@ def gather_rows(
         if k:
             size = x.sizes[:, k].index_select(0, segments)
             stride = size if stride is None else stride * size
-    # index_select: about 5x faster than advanced indexing on CPU for row gathers
-    return (x.values if values is None else values).index_select(0, row)
+    # index_select (about 5x faster than advanced indexing on CPU for row gathers) where
+    # inductor compiles it right: _prims.take_rows
+    return take_rows(x.values if values is None else values, row)
 
 
 def _sample_shape(op: Any) -> list[Any]:
@@ -302,7 +304,7 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Partition]:
             elif nested is not None:
                 assert base is not None
                 rows = _nested_prefix_rows(fn, op, base, position)
-                values = values.index_select(0, rows)
+                values = take_rows(values, rows)
             else:
                 for p, k in own.items():
                     same = op.sizes is sizes and k == result_k[p]
@@ -323,7 +325,7 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Partition]:
             if t.shape[0] != 1:
                 if segments is None:
                     segments = index[0] if index is not None else segment_ids(offsets, total)
-                t = t.index_select(0, segments)
+                t = take_rows(t, segments)
             if result_k:
                 t = t.squeeze(tuple(1 + p for p in result_k))
             logical = sorted(dense_order)

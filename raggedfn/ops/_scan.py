@@ -7,7 +7,7 @@ from torch import Tensor
 
 from .._axes import normalize_axis
 from .._index import line_major_rows, line_starts, segment_ids
-from .._prims import segment_cumsum
+from .._prims import segment_cumsum, take_rows
 from .._ragged import Ragged
 from ._reduce_plan import require_ragged, static_axes
 from ._softmax import line_segments
@@ -59,8 +59,8 @@ def cumsum(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
     rows = torch.arange(total, device=values.device)
     source = torch.zeros_like(rows).index_copy(0, destination, rows)
     moved_starts = torch.zeros_like(rows).index_copy(0, destination, destination - positions)
-    moved = segment_cumsum(values.index_select(0, source), moved_starts)
-    return x.with_values(moved.index_select(0, destination))
+    moved = segment_cumsum(take_rows(values, source), moved_starts)
+    return x.with_values(take_rows(moved, destination))
 
 
 def _nested_cumsum(x: Ragged, values: Tensor, axis: int) -> Tensor:
@@ -78,6 +78,6 @@ def _nested_cumsum(x: Ragged, values: Tensor, axis: int) -> Tensor:
     first = torch.ones_like(grouped, dtype=torch.bool)
     first[1:] = grouped[1:] != grouped[:-1]
     starts = torch.cummax(torch.where(first, rows, torch.zeros_like(rows)), 0).values
-    moved = segment_cumsum(values.index_select(0, order), starts)
+    moved = segment_cumsum(take_rows(values, order), starts)
     inverse = torch.empty_like(order).scatter_(0, order, rows)
-    return moved.index_select(0, inverse)
+    return take_rows(moved, inverse)

@@ -1,0 +1,269 @@
+"""Forward-mode plumbing (raggedfn._prims._forward): tangent detection, which rule set a
+call uses, refusals under compile, attention's route, and forward mode through map."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
+from torch import Tensor
+from torch._dynamo.utils import counters
+from torch.func import grad, hessian, jacfwd, jacrev, jvp, linearize, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import raggedfn
+from raggedfn import _prims
+from raggedfn._prims import _forward
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+
+F64 = torch.float64
+LENGTHS = [3, 0, 2, 4]
+X = raggedfn.from_lengths(torch.zeros(9, 4, dtype=F64), LENGTHS)
+V = torch.linspace(-2, 2, 36, dtype=F64).reshape(9, 4).sin()
+T = torch.linspace(1, -1, 36, dtype=F64).reshape(9, 4)
+
+
+# ----- detecting a tangent --------------------------------------------------------------
+
+
+def _seen(f):
+    """Run ``f(record)``; return what ``has_tangent`` said inside."""
+    seen: list[bool] = []
+
+    def record(t: Tensor, *others: Tensor) -> Tensor:
+        seen.append(_prims.has_tangent(t, *others))
+        return t * 2
+
+    f(record)
+    return seen
+
+
+@pytest.mark.filterwarnings("ignore:Attempted to insert a get_attr Node:UserWarning")  # linearize's
+def test_has_tangent_under_each_transform() -> None:
+    assert _seen(lambda r: r(V)) == [False]
+    assert _seen(lambda r: grad(lambda v: r(v).sum())(V)) == [False]
+    assert _seen(lambda r: vmap(r)(V)) == [False]
+    assert _seen(lambda r: jacrev(r)(V)) == [False]
+    assert _seen(lambda r: jvp(r, (V,), (T,))) == [True]
+    assert _seen(lambda r: jacfwd(r)(V)) == [True]
+    assert _seen(lambda r: hessian(lambda v: r(v).sum())(V)) == [True]
+    assert _seen(lambda r: jvp(lambda v: vmap(r)(v), (V,), (T,))) == [True]
+    # linearize runs f once plainly, then traces it with a dual level
+    assert _seen(lambda r: linearize(r, V)) == [False, True]
+
+
+def test_has_tangent_with_forward_ad_dual_tensors() -> None:
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(V, T)
+        assert _seen(lambda r: r(dual)) == [True]
+        assert _seen(lambda r: r(V)) == [False]  # a plain tensor inside the level
+        assert _seen(lambda r: r(V, dual)) == [True]
+        assert _seen(lambda r: vmap(r)(dual)) == [True]  # wrapped: conservative
+    assert _seen(lambda r: r(V)) == [False]
+
+
+def test_call_picks_the_rule_set() -> None:
+    """Eager: the Function with jvp; compiled: the jvp-less one; compiled inside a
+    transform or with forward mode: the plain forward body."""
+    used: list[str] = []
+
+    def rule(name: str) -> type:
+        def apply(x: Tensor) -> Tensor:
+            used.append(name)
+            return x * 2
+
+        return type(name, (), {"apply": staticmethod(apply)})
+
+    eager, compiled = rule("eager"), rule("compiled")
+
+    def body(x: Tensor) -> Tensor:
+        used.append("body")
+        return x * 2
+
+    def f(x: Tensor) -> Tensor:
+        return _forward.call(eager, compiled, body, x).sum()  # type: ignore[arg-type]
+
+    f(V)
+    torch._dynamo.reset()
+    torch.compile(f, fullgraph=True, backend="eager")(V)
+    torch.compile(grad(f), fullgraph=True, backend="eager")(V)
+    torch._dynamo.reset()
+    torch.compile(lambda v: jvp(f, (v,), (T,)), fullgraph=True, backend="eager")(V)
+    assert used == ["eager", "compiled", "body", "body"]
+
+
+# ----- attention takes the math backend when a tangent may be present -----------------
+
+
+def _tokens(lengths: list[int], dtype: torch.dtype) -> raggedfn.Ragged:
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(sum(lengths), 2, 3, generator=gen, dtype=dtype)
+    return raggedfn.from_lengths(values, lengths)
+
+
+@pytest.mark.parametrize(
+    "lengths", [[3, 0, 5], [4, 4, 4], [2] * 70], ids=["views", "uniform", "B70"]
+)
+def test_attention_under_forward_mode_equals_the_math_backend(lengths: list[int]) -> None:
+    """Without the route, torch's fused CPU kernel raises under forward mode."""
+    q = _tokens(lengths, torch.float32)
+    tangent = torch.randn(q.values.shape, generator=torch.Generator().manual_seed(1))
+
+    def f(values: Tensor) -> Tensor:
+        x = q.with_values(values)
+        return raggedfn.attention(x, x, x, causal=True).values
+
+    got = jvp(f, (q.values,), (tangent,))
+    with sdpa_kernel(SDPBackend.MATH):
+        want = jvp(f, (q.values,), (tangent,))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    with fwAD.dual_level():
+        dual = fwAD.unpack_dual(f(fwAD.make_dual(q.values, tangent)))
+    torch.testing.assert_close(dual.tangent, got[1])
+    # a plain input inside a dual level keeps the fused kernel: equal to the eager call
+    with fwAD.dual_level():
+        torch.testing.assert_close(f(q.values), f(q.values.clone()), rtol=0, atol=0)
+
+
+# ----- forward mode under torch.compile ------------------------------------------------
+
+
+def _compile_jvp(f, backend: str = "aot_eager"):
+    torch._dynamo.reset()
+    return torch.compile(lambda v: jvp(f, (v,), (T,)), fullgraph=True, backend=backend)
+
+
+@pytest.mark.parametrize(
+    ("name", "f"),
+    [
+        ("prod", lambda v: raggedfn.prod(X.with_values(v), 1)),
+        (
+            "attention",
+            lambda v: raggedfn.attention(*[raggedfn.unsqueeze(X.with_values(v), 2)] * 3).values,
+        ),
+        ("einsum", lambda v: raggedfn.einsum("bnd,bmd->bnm", *[X.with_values(v)] * 2).values),
+    ],
+)
+def test_forward_mode_inside_compile_is_refused_by_name(name: str, f) -> None:
+    """fullgraph=True: dynamo's error carries the RaggedError; without it the transform
+    falls back to eager and gives the eager answer."""
+    with pytest.raises(Exception, match=rf"RaggedError.*{name}: forward-mode AD .* inside "):
+        _compile_jvp(f)(V)
+    torch._dynamo.reset()
+    loose = torch.compile(lambda v: jvp(f, (v,), (T,)), backend="aot_eager")
+    for g, w in zip(loose(V), jvp(f, (V,), (T,)), strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_jvp_of_a_compiled_function_runs_eagerly_or_is_refused_by_torch() -> None:
+    """Dynamo does not trace under an active functorch transform: a graph break runs the
+    function eagerly (right answer), fullgraph=True raises."""
+
+    def f(v: Tensor) -> Tensor:
+        return raggedfn.softmax(X.with_values(v), 1).values
+
+    torch._dynamo.reset()
+    for g, w in zip(jvp(torch.compile(f), (V,), (T,)), jvp(f, (V,), (T,)), strict=True):
+        torch.testing.assert_close(g, w)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="functorch"):
+        jvp(torch.compile(f, fullgraph=True), (V,), (T,))
+
+
+def _softmax_values(v: Tensor) -> Tensor:
+    return raggedfn.softmax(X.with_values(v), 1).values.sin()
+
+
+def test_forward_ad_dual_tensors_through_compiled_code_with_aot_eager() -> None:
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(_softmax_values, fullgraph=True, backend="aot_eager")
+    compiled(V)  # traced outside a dual level first: the level is guarded, so it retraces
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(compiled(fwAD.make_dual(V, T)))
+    want = jvp(_softmax_values, (V,), (T,))
+    torch.testing.assert_close(got.primal, want[0])
+    torch.testing.assert_close(got.tangent, want[1])
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+@pytest.mark.xfail(strict=True, reason="torch 2.13 inductor drops forward_ad tangents (None)")
+def test_forward_ad_dual_tensors_through_inductor_compiled_code() -> None:
+    torch._dynamo.reset()
+    compiled = torch.compile(_softmax_values, fullgraph=True)
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(compiled(fwAD.make_dual(V, T)))
+    assert got.tangent is not None
+
+
+# ----- forward mode through raggedfn.map --------------------------------------------------
+
+
+D = 4
+
+
+def _per_sample(t: Tensor, w: Tensor) -> Tensor:
+    """Batched ops only: linear, layer_norm, scores, softmax, SDPA, reductions."""
+    h = F.layer_norm(F.linear(t, w), (D,))
+    mixed = (h @ h.T / math.sqrt(D)).softmax(-1) @ h
+    attended = F.scaled_dot_product_attention(h[None], h[None], h[None])[0]
+    pooled = (mixed + attended).sum(0) + h.tanh().prod(0) + h.cumsum(0).sum(0)
+    return pooled + (h.softmax(0) * h).sum(0)
+
+
+def _flipped(t: Tensor, w: Tensor) -> Tensor:
+    """aten.flip has no batching rule: that node runs per sample."""
+    return (torch.flip(t, [0]) @ w).cumsum(0).sin().sum(0)
+
+
+def _loop(fn, v: Tensor, w: Tensor) -> Tensor:
+    return torch.stack([fn(t, w) for t in torch.split(v, LENGTHS)])
+
+
+def _map(fn, v: Tensor, w: Tensor) -> Tensor:
+    return raggedfn.map(fn, X.with_values(v), w, in_dims=(0, None))
+
+
+W = torch.linspace(-1, 1, D * D, dtype=F64).reshape(D, D).cos() / 2
+TW = torch.linspace(1, 2, D * D, dtype=F64).reshape(D, D)
+
+
+@pytest.mark.parametrize("fn", [_per_sample, _flipped], ids=["batched", "fallback"])
+def test_jvp_through_map_equals_the_loop(fn) -> None:
+    report = raggedfn.map_report(fn, X.with_values(V), W, in_dims=(0, None))
+    assert report.fully_batched == (fn is _per_sample)
+    got = jvp(lambda v, w: _map(fn, v, w), (V, W), (T, TW))
+    with sdpa_kernel(SDPBackend.MATH):
+        want = jvp(lambda v, w: _loop(fn, v, w), (V, W), (T, TW))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    with fwAD.dual_level():
+        dual = fwAD.unpack_dual(_map(fn, fwAD.make_dual(V, T), fwAD.make_dual(W, TW)))
+    torch.testing.assert_close(dual.tangent, want[1])
+
+
+# torch's own note that vmap over the fused CPU SDPA backward loops (jacrev inside hessian)
+@pytest.mark.filterwarnings(
+    "ignore:There is a performance drop because we have not yet implemented the batching rule"
+    ":UserWarning"
+)
+@pytest.mark.parametrize("fn", [_per_sample, _flipped], ids=["batched", "fallback"])
+def test_hessian_of_a_map_loss_equals_the_loops(fn) -> None:
+    def loss(f):
+        return lambda w: f(fn, V, w).sin().sum()
+
+    got = hessian(loss(_map))(W)
+    with sdpa_kernel(SDPBackend.MATH):
+        want = hessian(loss(_loop))(W)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(
+        jacfwd(lambda v: _map(fn, v, W))(V), jacrev(lambda v: _map(fn, v, W))(V)
+    )
