@@ -318,13 +318,47 @@ def test_sort_and_topk_along_the_innermost_level(
                 torch.testing.assert_close(got_row, want_rows[n])
 
 
-def test_sort_along_an_outer_level_is_refused() -> None:
+def _sorted_lines(x: raggedfn.Ragged, level: int, descending: bool) -> tuple[list[Any], list[Any]]:
+    """Per sample: every aligned line along ``level`` sorted (stably), values and the
+    coordinates along ``level`` they came from (as ``argmax`` reports them)."""
+    shape = dense_shape(x)
+    values_out: list[Any] = []
+    indices_out: list[Any] = []
+    for keys, rows in canonical(x):
+        values: list[Any] = [None] * len(rows)
+        indices: list[Any] = [None] * len(rows)
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for r, key in enumerate(keys[-1]):
+            groups.setdefault(key[:level] + key[level + 1 :], []).append(r)
+        for members in groups.values():
+            line = stack([rows[r] for r in members], shape, x.values)
+            ordered = torch.sort(line, dim=0, descending=descending, stable=True)
+            coords = torch.tensor([keys[-1][r][level] for r in members])
+            for n, r in enumerate(members):
+                values[r] = ordered.values[n]
+                indices[r] = coords[ordered.indices[n]]
+        values_out.append((keys, values))
+        indices_out.append((keys, indices))
+    return values_out, indices_out
+
+
+@SETTINGS
+@given(nested_raggeds(requires_grad=True), st.booleans(), st.data())
+def test_sort_along_every_level(x: raggedfn.Ragged, descending: bool, data: Any) -> None:
+    level = data.draw(st.integers(0, x.num_ragged - 1))
+    values, indices = raggedfn.sort(x, 1 + level, descending=descending)
+    expected_values, expected_indices = _sorted_lines(x, level, descending)
+    assert_canonical(values, expected_values)
+    assert_canonical(indices, expected_indices)
+    assert_canonical(raggedfn.argsort(x, 1 + level, descending=descending), expected_indices)
+    _grads_match(values, expected_values, x)
+
+
+def test_topk_and_narrow_along_an_outer_level_are_refused() -> None:
+    # the k largest of every aligned line along an outer axis are not a prefix of
+    # each row (they would leave holes), so topk refuses; narrow shares the check
     x = raggedfn.from_nested_lengths(torch.randn(3), [[2], [1, 2]])
-    for call in (
-        lambda: raggedfn.sort(x, 1),
-        lambda: raggedfn.topk(x, 1, dim=1),
-        lambda: raggedfn.narrow(x, 1, 0, 1),
-    ):
+    for call in (lambda: raggedfn.narrow(x, 1, 0, 1),):
         try:
             call()
         except raggedfn.RaggedError as error:

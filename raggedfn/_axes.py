@@ -87,7 +87,7 @@ def refuse_nested(fn: str, x: Ragged, what: str = "values with nested ragged axe
             fn,
             f"{what} are not supported (got logical shape (B, {logical_shape_text(x)[1:]} with "
             "nested ragged axes); join the nested levels first (raggedfn.flatten(x, 1, 2)) or "
-            "work per sample (raggedfn.map, x[i])",
+            "work per sample (x[i], raggedfn.unbind)",
         )
 
 

@@ -20,7 +20,7 @@ from .._axes import innermost_nested, normalize_axis, refuse_nested, sample_axis
 from .._errors import describe, fail, require_ordered, shape_text
 from .._index import coordinates, gather_ranges, lengths_of, offsets_of, segment_ids
 from .._layout import Axis, Layout
-from .._nested import level_offsets, parents, row_positions
+from .._nested import level_offsets, parents, reduced_levels, row_positions
 from .._ragged import Ragged, like
 from .._validate import is_tracing
 from ._broadcast import check_equal
@@ -461,7 +461,6 @@ def _sort(fn: str, x: Ragged, dim: int, descending: bool) -> tuple[Ragged, Ragge
     x = _require(fn, "x", x)
     require_ordered(fn, x.dtype)
     axis = sample_axis(x, dim, fn)
-    innermost_nested(fn, x, axis, dim)
     if not axis.ragged:
         values, indices = torch.sort(
             x.values, dim=values_dim(axis), descending=descending, stable=True
@@ -470,8 +469,11 @@ def _sort(fn: str, x: Ragged, dim: int, descending: bool) -> tuple[Ragged, Ragge
     total = x.values.shape[0]
     dense = x.values.shape[1:]
     flat = x.values.reshape(total, math.prod(dense))
-    if x.row_offsets:  # innermost nested axis: a line is the rows of one element above
-        line = parents(x.sizes, x.row_offsets, total)[-1]
+    if x.row_offsets:
+        if axis.index == x.num_ragged - 1:  # a line: the rows of one element above
+            line = parents(x.sizes, x.row_offsets, total)[-1]
+        else:  # an outer axis: the rows at one aligned position of the levels below
+            line, _, _ = reduced_levels(x.sizes, x.row_offsets, total, (axis.index,), False)
         along = row_positions(x.sizes, x.row_offsets, total, axis.index)
     else:
         segments, coords = coordinates(x.offsets, x.sizes, total)
@@ -503,7 +505,9 @@ def sort(x: Ragged, dim: int = -1, descending: bool = False) -> tuple[Ragged, Ra
     Returns:
         ``(values, indices)``, both with the partition and layout of ``x``;
         indices are positions along ``dim`` inside each sample (ties keep their
-        order; NaN sorts as the largest value, as in torch).
+        order; NaN sorts as the largest value, as in torch). Along an outer
+        nested axis every aligned line (the elements with one position on the
+        levels below) is sorted and indices are coordinates along ``dim``.
 
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
@@ -587,6 +591,7 @@ def topk(
         raise fail(
             fn, f"k = {k} exceeds dense axis {dim} of size {x.values.shape[values_dim(axis)]}"
         )
+    innermost_nested(fn, x, axis, dim)
     values, indices = _sort(fn, x, dim, descending=largest)
     return narrow(values, dim, 0, k), narrow(indices, dim, 0, k)
 
