@@ -26,11 +26,7 @@ rotating order. Run: ``python -m benchmarks.doc_encoder [--docs 16] [--dim 128]
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import raggedfn
+from benchmarks._standalone import cli, header, rotated_rounds, timed
 
 Params = dict[str, Tensor]
 
@@ -170,11 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     s_max = max(len(doc) for doc in shape)
     l_max = max(max(doc) for doc in shape)
     record: dict[str, Any] = {
-        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m benchmarks.doc_encoder " + " ".join(args.argv),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "threads": args.threads,
+        **header("doc_encoder", args),
         "docs": args.docs,
         "dim": args.dim,
         "sentences": sum(len(doc) for doc in shape),
@@ -191,23 +184,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pairs = zip(got, want, strict=True) if backward else [(got, want)]
             for g, w in pairs:
                 torch.testing.assert_close(g, w, rtol=2e-3, atol=2e-4, msg=f"{mode} {name}")
-        names = list(fns)
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(args.rounds + 1):  # round 0 warms up
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                start = time.perf_counter()
-                fns[name](backward)
-                if r:
-                    times[name].append(time.perf_counter() - start)
-        ours = times["raggedfn"]
-        record["modes"][mode] = {
-            "median_ms": {n: 1e3 * statistics.median(t) for n, t in times.items()},
-            "raggedfn_over": {
-                n: statistics.median(a / b for a, b in zip(ours, t, strict=True))
-                for n, t in times.items()
-                if n != "raggedfn"
-            },
-        }
+        runs = {name: timed(lambda fn=fn, bwd=backward: fn(bwd)) for name, fn in fns.items()}
+        record["modes"][mode] = rotated_rounds(runs, args.rounds)
     return record
 
 
@@ -238,21 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tokens", type=float, default=20.0, help="mean per sentence")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", help="write the record here")
-    parser.add_argument("--markdown", help="write the table here")
-    args = parser.parse_args(argv)
-    args.argv = list(argv) if argv is not None else []
-    record = run(args)
-    text = markdown(record)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
-    return record
+    return cli(parser, run, markdown, argv)
 
 
 if __name__ == "__main__":

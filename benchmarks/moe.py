@@ -28,9 +28,6 @@ medians of per-round ratios. Run: ``python -m benchmarks.moe [--tokens 8192]
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +36,7 @@ import torch
 from torch import Tensor
 
 import raggedfn
+from benchmarks._standalone import cli, header, rotated_rounds
 
 Params = dict[str, Tensor]
 
@@ -124,11 +122,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cotangent = torch.randn(args.tokens, args.dim, generator=torch.Generator().manual_seed(9))
     counts = torch.bincount(ids, minlength=args.experts)
     record: dict[str, Any] = {
-        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m benchmarks.moe " + " ".join(args.argv),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "threads": args.threads,
+        **header("moe", args),
         "tokens": args.tokens,
         "experts": args.experts,
         "dim": args.dim,
@@ -145,22 +139,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pairs = zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
             for g, w in pairs:
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=f"{mode} {name}")
-        names = list(SYSTEMS)
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(args.rounds + 1):  # round 0 warms up
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                seconds = step(SYSTEMS[name], x.detach(), ids, p, cot)[0]
-                if r:
-                    times[name].append(seconds)
-        ours = times["raggedfn"]
-        record["modes"][mode] = {
-            "median_ms": {n: 1e3 * statistics.median(t) for n, t in times.items()},
-            "raggedfn_over": {
-                n: statistics.median(a / b for a, b in zip(ours, t, strict=True))
-                for n, t in times.items()
-                if n != "raggedfn"
-            },
+        runs = {
+            name: (lambda fn=fn, cot=cot: step(fn, x.detach(), ids, p, cot)[0])
+            for name, fn in SYSTEMS.items()
         }
+        record["modes"][mode] = rotated_rounds(runs, args.rounds)
     return record
 
 
@@ -189,21 +172,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", help="write the record here")
-    parser.add_argument("--markdown", help="write the table here")
-    args = parser.parse_args(argv)
-    args.argv = list(argv) if argv is not None else []
-    record = run(args)
-    text = markdown(record)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
-    return record
+    return cli(parser, run, markdown, argv)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from property_tests.strategies import _random_values
 from raggedfn import Layout, Ragged
 from raggedfn._layout import Axis
 
@@ -41,15 +42,6 @@ def level_lengths(
         lengths.append(row)
         count = sum(row)
     return lengths
-
-
-def _random_values(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.rand(shape, generator=gen) > 0.5
-    if not dtype.is_floating_point:
-        return torch.randint(-5, 6, shape, generator=gen, dtype=dtype)
-    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
 
 
 def build(lengths: list[list[int]], values: torch.Tensor) -> Ragged:
