@@ -267,3 +267,60 @@ def test_hessian_of_a_map_loss_equals_the_loops(fn) -> None:
     torch.testing.assert_close(
         jacfwd(lambda v: _map(fn, v, W))(V), jacrev(lambda v: _map(fn, v, W))(V)
     )
+
+
+# ----- extrema inside compiled transforms: the eager rule, value for value ------------------
+
+EXTREMA_CASES = {
+    "ties": [1.0, 1.0, 2.0, 2.0, 0.0, 3.0, -1.0],
+    "nan": [1.0, math.nan, 2.0, 2.0, 0.0, 3.0, -1.0],
+    "inf": [1.0, math.inf, 2.0, -math.inf, -math.inf, 3.0, -1.0],
+    "zeros": [-0.0, -0.0, -1.0, -2.0, -3.0, -0.0, -5.0],
+}
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["amax", "amin"])
+@pytest.mark.parametrize("case", sorted(EXTREMA_CASES))
+def test_compiled_transforms_of_extrema_equal_eager(case: str, largest: bool) -> None:
+    """Inside compiled transforms the extremum runs as plain torch ops (_extrema._composite):
+    the same values (signed zeros, infinities) and derivatives (tie mean, 0 at NaN)."""
+    segments = torch.tensor([0, 0, 2, 2, 2, 3, 0])
+    values = torch.tensor(EXTREMA_CASES[case], dtype=F64).reshape(7, 1)
+    values = values if largest else -values
+    tangent = torch.arange(7, dtype=F64).reshape(7, 1)
+    reduce = _prims.segment_amax if largest else _prims.segment_amin
+
+    def f(v: Tensor) -> Tensor:
+        return reduce(v, segments, 5)
+
+    for g in (f, lambda v: vmap(f)(v[None])):  # values, signed zeros included
+        torch._dynamo.reset()
+        got = torch.compile(g, fullgraph=True, backend="aot_eager")(values)
+        torch.testing.assert_close(got, g(values), equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(torch.signbit(got), torch.signbit(g(values)))
+    for g in (lambda v: jvp(f, (v,), (tangent,))[1], jacrev(f), hessian(lambda v: f(v).sum())):
+        torch._dynamo.reset()
+        got = torch.compile(g, fullgraph=True, backend="aot_eager")(values)
+        torch.testing.assert_close(got, g(values), equal_nan=True, rtol=0, atol=0)
+
+
+REDUCTIONS = {
+    "sum": raggedfn.sum,
+    "mean": raggedfn.mean,
+    "amax": raggedfn.amax,
+    "amin": raggedfn.amin,
+    "logsumexp": raggedfn.logsumexp,
+    "prod": raggedfn.prod,
+    "var": raggedfn.var,
+    "std": raggedfn.std,
+    "norm": lambda x, dim: raggedfn.norm(x, 2, dim),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_forward_tangents_of_reductions_are_finite_on_empty_samples(name: str) -> None:
+    """DESIGN §4: the policy value of an empty sample (NaN mean, -inf max, ...) carries
+    a finite (zero) tangent, as its gradient is finite."""
+    _, tangent = jvp(lambda v: REDUCTIONS[name](X.with_values(v), 1), (V,), (T,))
+    assert torch.isfinite(tangent).all(), tangent
+    assert (tangent[1] == 0).all()  # the empty sample

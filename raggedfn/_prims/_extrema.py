@@ -46,23 +46,28 @@ def _reduce(values: Tensor, segments: Tensor, num_segments: int, largest: bool) 
 
 def _composite(values: Tensor, segments: Tensor, num_segments: int, largest: bool) -> Tensor:
     """:func:`_reduce` as torch ops whose derivatives (of every order) are the Function's:
-    the tie mean, locally linear. For ``torch.func`` transforms inside compiled code
-    (``_forward.call``), where torch's own derivatives of ``scatter_reduce`` would be
-    used instead (and inductor 2.13 segfaults on their second order).
+    the mean of the tied rows' derivatives, zero for a NaN extremum (torch's
+    ``scatter_reduce`` gives NaN there). For ``torch.func`` transforms inside compiled
+    code (``_forward.call``), where torch's own rules apply instead of the Function's.
 
-    The value is exactly the extremum: the differentiable term is a sum of exact
-    zeros, subtracted (``e - (+0)`` keeps the sign of a zero ``e``), and taken only
-    on finite rows (``inf - inf`` would be NaN).
+    The value is exactly the extremum: a finite one plus a sum of exact zeros
+    (``detached - values`` on tied rows, subtracted, so that ``e - (+0)`` keeps the
+    sign of a zero ``e``); an infinite one as the mean of its tied rows (``inf - inf``
+    would be NaN).
     """
     detached = values.detach()
     extremum = _reduce(detached, segments, num_segments, largest)
     if not values.is_floating_point():
         return extremum
-    hit = (detached == broadcast(extremum, segments)) & torch.isfinite(detached)
-    ties = segment_sum(hit.to(values.dtype), segments, num_segments)
-    zeros = torch.where(hit, detached - values, torch.zeros_like(values))
-    moved = segment_sum(zeros, segments, num_segments)
-    return extremum - moved / torch.where(ties > 0, ties, torch.ones_like(ties))
+    hit = detached == broadcast(extremum, segments)
+    finite = torch.isfinite(detached)
+    zero = torch.zeros_like(values)
+    count = segment_sum(hit.to(values.dtype), segments, num_segments)
+    ties = torch.where(count > 0, count, torch.ones_like(count))
+    moved = segment_sum(torch.where(hit & finite, detached - values, zero), segments, num_segments)
+    spread = segment_sum(torch.where(hit & ~finite, values, zero), segments, num_segments)
+    infinite = torch.isinf(extremum) & (count > 0)  # not an empty segment's identity
+    return torch.where(infinite, spread / ties, extremum - moved / ties)
 
 
 def _first_hit(values: Tensor, segments: Tensor, num_segments: int, extremum: Tensor) -> Tensor:
