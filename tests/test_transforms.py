@@ -207,3 +207,58 @@ def test_compiled_linearize_is_refused_by_torch() -> None:
     torch._dynamo.reset()
     with pytest.raises(Exception, match="disallow_in_graph"):
         compiled(v, w)
+
+
+# ----- through raggedfn.map, compiled ---------------------------------------------------
+
+
+def _mapped(t: Tensor, w: Tensor) -> Tensor:
+    """Batched ops only: the map runs fully batched."""
+    return (F.layer_norm(t @ w, (D,)).softmax(0) * t).sum(0)
+
+
+def _flipped(t: Tensor, w: Tensor) -> Tensor:
+    """aten.flip has no batching rule: that node runs per sample (a graph break)."""
+    return (torch.flip(t, [0]) @ w).cumsum(0).sin().sum(0)
+
+
+MAP_TRANSFORMS = ["grad", "jvp", "jacfwd", "hessian"]
+
+
+def _map_transform(name: str, fn: Callable[..., Tensor]) -> Callable[[Tensor, Tensor], Any]:
+    def run(v: Tensor, w: Tensor) -> Any:
+        return TRANSFORMS[name](
+            lambda v, w: raggedfn.map(fn, X.with_values(v), w, in_dims=(0, None)), v, w
+        )
+
+    return run
+
+
+@pytest.mark.parametrize("name", MAP_TRANSFORMS)
+def test_compiled_transform_through_a_batched_map_equals_eager_in_one_graph(name: str) -> None:
+    v, w = _inputs(5)
+    run = _map_transform(name, _mapped)
+    assert raggedfn.map_report(_mapped, X.with_values(v), w, in_dims=(0, None)).fully_batched
+    want = run(v, w)  # also the eager trace that map needs before compiling
+    torch.testing.assert_close(want, TRANSFORMS[name](_loop_of(_mapped), v, w))
+    torch._dynamo.reset()
+    counters.clear()
+    got = torch.compile(run, fullgraph=True, backend="aot_eager")(v, w)
+    torch.testing.assert_close(got, want)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def _loop_of(fn: Callable[..., Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+    return lambda v, w: torch.stack([fn(t, w) for t in torch.split(v, LENGTHS)])
+
+
+def test_compiled_transform_through_a_fallback_map_breaks_the_graph_and_equals_eager() -> None:
+    """The per-sample loop cannot run inside one graph (docs/map.md): without
+    fullgraph=True dynamo breaks the graph and the answer is the eager one."""
+    v, w = _inputs(6)
+    run = _map_transform("jvp", _flipped)
+    assert not raggedfn.map_report(_flipped, X.with_values(v), w, in_dims=(0, None)).fully_batched
+    want = run(v, w)
+    torch.testing.assert_close(want, TRANSFORMS["jvp"](_loop_of(_flipped), v, w))
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(run, backend="aot_eager")(v, w), want)
