@@ -38,12 +38,9 @@ ratio is the median of per-round ratios. Run: ``python -m benchmarks.forward_mod
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +51,7 @@ from torch.func import grad, jvp, vjp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import raggedfn
+from benchmarks._standalone import cli, header, timed
 
 TRANSFORMS = ["forward", "vjp", "jvp", "hvp fwd-over-rev", "hvp rev-over-rev"]
 SYSTEMS = ["raggedfn", "loop"]
@@ -165,12 +163,6 @@ def check(table: dict[tuple[str, str], Callable[[], Any]]) -> None:
         )
 
 
-def _seconds(call: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
 def _median_ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
@@ -181,18 +173,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     table = cells(inputs)
     check(table)
     keys = list(table)
+    runs = {key: timed(call) for key, call in table.items()}
     times: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
     for r in range(args.rounds + 1):  # round 0 warms up
         for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-            seconds = _seconds(table[key])
+            seconds = runs[key]()
             if r:
                 times[key].append(seconds)
     record: dict[str, Any] = {
-        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m benchmarks.forward_mode " + " ".join(args.argv),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "threads": args.threads,
+        **header("forward_mode", args),
         "lengths": inputs.lengths,
         "dim": args.dim,
         "heads": args.heads,
@@ -254,21 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", help="write the record here")
-    parser.add_argument("--markdown", help="write the table here")
-    args = parser.parse_args(argv)
-    args.argv = list(argv) if argv is not None else []
-    record = run(args)
-    text = markdown(record)
-    print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
-    return record
+    return cli(parser, run, markdown, argv)
 
 
 if __name__ == "__main__":

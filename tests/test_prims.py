@@ -48,6 +48,13 @@ PRIMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     ),
 }
 NAMES = sorted(PRIMS)
+# the prims whose empty segments hold a policy value (NaN mean, -inf max/logsumexp)
+FULL: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "mean": lambda v: _prims.segment_mean(v, SEGMENTS, NUM),
+    "max": lambda v: _first(_prims.segment_max(v, SEGMENTS, NUM)),
+    "min": lambda v: _first(_prims.segment_min(v, SEGMENTS, NUM)),
+    "logsumexp": lambda v: _prims.segment_logsumexp(v, SEGMENTS, NUM),
+}
 
 
 def _values(dtype: torch.dtype = torch.float64, seed: int = 0) -> torch.Tensor:
@@ -108,13 +115,7 @@ def test_empty_segment_values_follow_the_policy() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_gradients_finite_with_empty_segments(name: str) -> None:
     # Full outputs (policy NaN/-inf included) with a zero cotangent there.
-    full: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-        "mean": lambda v: _prims.segment_mean(v, SEGMENTS, NUM),
-        "max": lambda v: _first(_prims.segment_max(v, SEGMENTS, NUM)),
-        "min": lambda v: _first(_prims.segment_min(v, SEGMENTS, NUM)),
-        "logsumexp": lambda v: _prims.segment_logsumexp(v, SEGMENTS, NUM),
-    }
-    f = full.get(name, PRIMS[name])
+    f = FULL.get(name, PRIMS[name])
     values = _values()
     out = f(values)
     finite = torch.isfinite(out.detach())
@@ -316,12 +317,6 @@ def test_hessian_equals_reverse_over_reverse(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_forward_tangents_finite_with_empty_segments(name: str) -> None:
-    full: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-        "mean": lambda v: _prims.segment_mean(v, SEGMENTS, NUM),
-        "max": lambda v: _first(_prims.segment_max(v, SEGMENTS, NUM)),
-        "min": lambda v: _first(_prims.segment_min(v, SEGMENTS, NUM)),
-        "logsumexp": lambda v: _prims.segment_logsumexp(v, SEGMENTS, NUM),
-    }
     values = _values().detach()
-    _, tangent = jvp(full.get(name, PRIMS[name]), (values,), (torch.ones_like(values),))
+    _, tangent = jvp(FULL.get(name, PRIMS[name]), (values,), (torch.ones_like(values),))
     assert torch.isfinite(tangent).all()
