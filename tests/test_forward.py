@@ -324,3 +324,65 @@ def test_forward_tangents_of_reductions_are_finite_on_empty_samples(name: str) -
     _, tangent = jvp(lambda v: REDUCTIONS[name](X.with_values(v), 1), (V,), (T,))
     assert torch.isfinite(tangent).all(), tangent
     assert (tangent[1] == 0).all()  # the empty sample
+
+
+# ----- the remaining public ops: jacfwd == jacrev ------------------------------------------
+
+IDS = torch.tensor([2, 0, 0, 1, 2, 2, 0, 1, 0])
+W3 = torch.linspace(-1, 1, 3 * 4 * 2, dtype=F64).reshape(3, 4, 2)
+
+
+def _x(v: Tensor) -> raggedfn.Ragged:
+    return X.with_values(v)
+
+
+def _pair_products(v: Tensor) -> Tensor:
+    first, second = raggedfn.pairs(_x(v))
+    return first.values * second.values
+
+
+OTHER_OPS = {
+    "pow": lambda v: raggedfn.pow(_x(v), 3).values,
+    "norm": lambda v: raggedfn.norm(_x(v) + 1, 2, 1),
+    "masked_select": lambda v: raggedfn.masked_select(_x(v), _x(V > 0)).values,
+    "take_along_dim": lambda v: (
+        raggedfn.take_along_dim(_x(v), raggedfn.argsort(_x(V), 1), 1).values
+    ),
+    "pairs": _pair_products,
+    "group_by_segment_matmul": lambda v: (
+        raggedfn.segment_matmul(raggedfn.group_by(v, IDS, 3)[0], W3).values
+    ),
+    "from_list": lambda v: (
+        raggedfn.softmax(raggedfn.from_list(list(torch.split(v, LENGTHS))), 1).values
+    ),
+    "from_segment_ids": lambda v: (
+        raggedfn.softmax(raggedfn.from_segment_ids(v, IDS.sort().values, 3), 1).values
+    ),
+    "shapes": lambda v: (
+        raggedfn.flatten(
+            raggedfn.transpose(raggedfn.unflatten(_x(v), 2, (2, 2)), 2, 3), 2, 3
+        ).values
+    ),
+    "positions_where": lambda v: (
+        raggedfn.where(raggedfn.unsqueeze(raggedfn.positions(_x(v)), 2) > 0, _x(v), -_x(v)).values
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_OPS))
+def test_jacfwd_equals_jacrev_through_other_public_ops(name: str) -> None:
+    """Ops the property tests do not push tangents through: forward mode runs and is
+    the transpose of reverse mode."""
+    f = OTHER_OPS[name]
+    torch.testing.assert_close(jacfwd(f)(V), jacrev(f)(V))
+
+
+def test_torch_nested_conversions_have_no_forward_mode_in_torch() -> None:
+    """torch 2.13's jagged nested tensors have no forward-mode rule (nor torch.func
+    support): to_nested under jvp fails in torch, as torch's own constructor does."""
+    offsets = torch.tensor([0, 3, 3, 5, 9])
+    torch_refusal = "TensorWrapper|forward AD with _nested_view_from_jagged"
+    with pytest.raises(NotImplementedError, match=torch_refusal):
+        jvp(lambda v: raggedfn.to_nested(raggedfn.from_offsets(v, offsets)).values(), (V,), (T,))
+    with pytest.raises(NotImplementedError, match=torch_refusal):
+        jvp(lambda v: torch.nested.nested_tensor_from_jagged(v, offsets).values(), (V,), (T,))
