@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--workload", action="append", help="only these workloads of the suite")
     parser.add_argument(
-        "--system", action="append", help="only these systems (padded is always run)"
+        "--system", action="append", help="only these systems (the baseline always runs)"
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument(
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         suite = load_suite(name)
         systems = None
         if args.system:
-            systems = ["padded", *(s for s in args.system if s != "padded")]
+            systems = [suite.baseline, *(s for s in args.system if s != suite.baseline)]
         record = run_suite(
             suite,
             quick=args.quick,

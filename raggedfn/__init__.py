@@ -16,6 +16,7 @@ from ._construct import (
     to_padded,
     unbind,
 )
+from ._construct_nested import from_nested_lengths, from_segment_ids
 from ._errors import RaggedError, RaggedPerformanceWarning
 from ._interop import positions, segment_ids
 from ._layout import Axis, Layout
@@ -39,8 +40,10 @@ __all__ = [
     "from_lengths",
     "from_list",
     "from_nested",
+    "from_nested_lengths",
     "from_offsets",
     "from_padded",
+    "from_segment_ids",
     "from_sizes",
     "map",
     "map_cache_info",

@@ -78,3 +78,26 @@ def values_dim(axis: Axis) -> int:
 def logical_axis(x: Ragged, axis: Axis) -> int:
     """The batched logical axis (>= 1) of a sample axis."""
     return 1 + x.layout.position(axis)
+
+
+def refuse_nested(fn: str, x: Ragged, what: str = "values with nested ragged axes") -> None:
+    """``RaggedError`` for an op that does not (yet) handle nested ragged axes."""
+    if x.row_offsets:
+        raise fail(
+            fn,
+            f"{what} are not supported (got logical shape (B, {logical_shape_text(x)[1:]} with "
+            "nested ragged axes); join the nested levels first (raggedfn.flatten(x, 1, 2)) or "
+            "work per sample (x[i], raggedfn.unbind)",
+        )
+
+
+def innermost_nested(fn: str, x: Ragged, axis: Axis, dim: int) -> None:
+    """Refuse an op along an outer nested axis (only the innermost one has plain lines)."""
+    if x.row_offsets and axis.ragged and axis.index != x.layout.num_ragged - 1:
+        raise fail(
+            fn,
+            f"axis {dim} is an outer nested ragged axis of logical shape (B, "
+            f"{logical_shape_text(x)[1:]}; {fn} works along the innermost nested axis and dense "
+            "axes (its elements along an outer axis are not aligned); reduce or flatten the "
+            "inner axes first",
+        )

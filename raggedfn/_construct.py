@@ -9,6 +9,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._construct_nested import (
+    check_nested,
+    from_nested_list,
+    nested_extents,
+    nested_mask,
+    nested_to_padded,
+)
 from ._errors import describe, fail, shape_text
 from ._index import coordinates, lengths_of, offsets_of
 from ._interop import padded_rows_where
@@ -148,6 +155,9 @@ def check(x: Ragged) -> Ragged:
     """
     if not isinstance(x, Ragged):
         raise fail("check", f"x must be a Ragged value, got {describe(x)}")
+    if x.row_offsets or x.layout.num_nested:
+        check_nested("check", x)
+        return x
     _validate("check", x.values, x.offsets, x.sizes, x.layout)
     return x
 
@@ -155,17 +165,22 @@ def check(x: Ragged) -> Ragged:
 # ----- constructors -----------------------------------------------------------
 
 
-def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)) -> Ragged:
-    """Pack a list of per-sample tensors.
+def from_list(tensors: Sequence[Any], ragged_dims: int | Sequence[int] = (1,)) -> Ragged:
+    """Pack a list of per-sample tensors (or of lists of tensors: nested levels).
 
     Args:
-        tensors: ``B`` tensors of equal rank, one per sample.
+        tensors: ``B`` tensors of equal rank, one per sample; or ``B`` lists of
+            tensors ``[L, *dense]`` (documents of sentences), or lists of such
+            lists (one more level each). A ``Ragged`` sample counts as the list of
+            its samples, so ``from_list(unbind(x))`` rebuilds ``x``.
         ragged_dims: logical axes of the batched result (batch = 0) that vary per
-            sample; every other axis must agree across samples.
+            sample; every other axis must agree across samples. Lists of tensors
+            always give the ragged axes ``1 .. R`` (leave the default).
 
     Returns:
         ``Ragged`` of logical shape ``(B, *sample shape)`` with the ragged axes
-        marked ``None``.
+        marked ``None``; for lists of tensors ``(B, None, None, *dense)``, the
+        second ragged axis nested in the first.
 
     Raises:
         RaggedError: ``tensors`` is not a non-empty list of tensors; samples that differ in
@@ -177,6 +192,10 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
         >>> pairs = raggedfn.from_list([torch.zeros(2, 2, 4), torch.zeros(3, 3, 4)], ragged_dims=(1, 2))
         >>> pairs.shape, pairs.sizes.tolist(), pairs.values.shape
         ((2, None, None, 4), [[2, 2], [3, 3]], torch.Size([13, 4]))
+        >>> a, b, c = torch.zeros(2, 4), torch.zeros(3, 4), torch.zeros(1, 4)
+        >>> docs = raggedfn.from_list([[a, b], [], [c]])   # documents of sentences of tokens
+        >>> docs.shape, docs.sizes.tolist()
+        ((3, None, None, 4), [[2, 5], [0, 0], [1, 1]])
     """
     fn = "from_list"
     if isinstance(tensors, Tensor) or not isinstance(tensors, Sequence):
@@ -187,14 +206,15 @@ def from_list(tensors: Sequence[Tensor], ragged_dims: int | Sequence[int] = (1,)
             "tensors is an empty list, so the dtype and dense shape are unknown; "
             "use from_lengths(values, torch.zeros(0, dtype=torch.int64)) for an empty batch",
         )
-    for i, t in enumerate(tensors):
-        if isinstance(t, (list, tuple)):
+    if any(isinstance(t, (list, tuple, Ragged)) for t in tensors):
+        if ragged_dims not in ((1,), 1, [1]):
             raise fail(
                 fn,
-                f"sample {i} must be a tensor, got {describe(t)}; nested ragged levels (a list "
-                "of lists, e.g. documents of sentences) are not supported yet: pass one tensor "
-                "per sample (torch.tensor(...) for Python numbers)",
+                f"lists of tensors give nested ragged axes 1, 2, ... in order; ragged_dims "
+                f"{ragged_dims!r} cannot place them elsewhere (leave the default)",
             )
+        return from_nested_list(tensors)
+    for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise fail(fn, f"sample {i} must be a tensor, got {describe(t)}")
     first = tensors[0]
@@ -483,7 +503,7 @@ def to_padded(x: Ragged, fill: float = 0.0, shape: Sequence[int] | None = None) 
         raise fail(fn, f"x must be a Ragged value, got {describe(x)}")
     layout = x.layout
     dense = tuple(x.values.shape[1:])
-    extents = _max_sizes(x)
+    extents = nested_extents(x) if x.row_offsets else _max_sizes(x)
     if shape is not None:
         shape = tuple(int(s) for s in shape)
         if len(shape) != x.ndim:
@@ -508,6 +528,8 @@ def to_padded(x: Ragged, fill: float = 0.0, shape: Sequence[int] | None = None) 
                     fn,
                     f"shape {shape} has {want} along dense axis {1 + p}, expected {dense[a.index]}",
                 )
+    if x.row_offsets:
+        return nested_to_padded(x, fill, extents)
     total = x.values.shape[0]
     segments, coords = coordinates(x.offsets, x.sizes, total)
     physical = x.values.new_full((x.batch_size, *extents, *dense), fill)
@@ -534,6 +556,8 @@ def mask(x: Ragged) -> Tensor:
     """
     if not isinstance(x, Ragged):
         raise fail("mask", f"x must be a Ragged value, got {describe(x)}")
+    if x.row_offsets:
+        return nested_mask(x)
     extents = _max_sizes(x)
     ragged = [a.index for a in x.layout.axes if a.ragged]
     out = torch.ones(x.batch_size, *(1 for _ in ragged), dtype=torch.bool, device=x.device)
@@ -545,14 +569,17 @@ def mask(x: Ragged) -> Tensor:
     return out
 
 
-def unbind(x: Ragged) -> tuple[Tensor, ...]:
+def unbind(x: Ragged) -> tuple[Any, ...]:
     """Per-sample tensors in logical axis order (views of ``values`` where possible).
+
+    For nested ragged axes each sample is a ``Ragged`` with one level less.
 
     Args:
         x: the ragged value.
 
     Returns:
-        ``B`` tensors, sample ``i`` of logical shape ``x.shape[1:]`` with its own sizes.
+        ``B`` tensors, sample ``i`` of logical shape ``x.shape[1:]`` with its own sizes
+        (for nested ragged axes ``B`` values of one level less).
 
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value.
@@ -564,6 +591,8 @@ def unbind(x: Ragged) -> tuple[Tensor, ...]:
     """
     if not isinstance(x, Ragged):
         raise fail("unbind", f"x must be a Ragged value, got {describe(x)}")
+    if x.row_offsets:
+        return tuple(x[i] for i in range(x.batch_size))
     starts = x.offsets.tolist()
     sizes = x.sizes.tolist()
     perm = x.layout.physical_to_logical()

@@ -19,7 +19,8 @@ from ._errors import describe, fail
 from ._index import coordinates
 from ._index import segment_ids as _segment_ids
 from ._layout import Layout
-from ._ragged import Ragged
+from ._nested import ancestors, parents, row_positions
+from ._ragged import Ragged, like
 
 
 def padded_rows_where(padded: Tensor, mask: Any, axis: int) -> Ragged:
@@ -64,23 +65,32 @@ def padded_rows_where(padded: Tensor, mask: Any, axis: int) -> Ragged:
     return Ragged(rows, offsets, lengths.unsqueeze(1), layout)
 
 
-def segment_ids(x: Ragged) -> Tensor:
-    """int64 ``[T]``: the index of the sample that owns each packed row of ``x.values``.
+def segment_ids(x: Ragged, dim: int | None = None) -> Tensor:
+    """int64 ``[T]``: the index of the segment that owns each packed row of ``x.values``.
 
-    This is PyG's ``batch`` vector and the per-token sequence index of packed
-    attention kernels (``seq_idx``). It follows the partition of ``x``, so it works
-    for any number of ragged axes: a row of a pair state ``(B, N*, N*, C)`` gets its
-    sample's index too. Computed on the device without a host sync.
+    By default the segment is the sample: PyG's ``batch`` vector and the per-token
+    sequence index of packed attention kernels (``seq_idx``). It follows the
+    partition of ``x``, so it works for any number of ragged axes: a row of a pair
+    state ``(B, N*, N*, C)`` gets its sample's index too. With nested ragged axes,
+    ``dim`` names one of them and the segment is the element of the axis above
+    it, numbered across the batch: for graphs -> nodes -> incoming edges
+    ``segment_ids(x, 2)`` is the (batch-wide) target node of every edge, for
+    documents -> sentences -> tokens the sentence of every token. Computed on the
+    device without a host sync; ``from_segment_ids`` and ``group_by`` go the
+    other way.
 
     Args:
         x: a ``Ragged`` value with packed ``values [T, *dense]``.
+        dim: a logical ragged axis; ``None`` (the default) or the first ragged axis
+            gives the sample.
 
     Returns:
-        int64 tensor ``[T]``, sorted, with ``lengths[i]`` (rows of sample ``i``)
-        entries equal to ``i``.
+        int64 tensor ``[T]``, sorted: for samples, ``lengths[i]`` (rows of sample
+        ``i``) entries equal to ``i``.
 
     Raises:
-        RaggedError: ``x`` is not a ``Ragged`` value.
+        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not a ragged axis,
+            or is a later ragged axis of a value without nested axes.
 
     Examples:
         >>> import torch, raggedfn
@@ -90,9 +100,28 @@ def segment_ids(x: Ragged) -> Tensor:
         >>> pairs = raggedfn.from_list([torch.zeros(1, 1), torch.zeros(2, 2)], ragged_dims=(1, 2))
         >>> raggedfn.segment_ids(pairs)
         tensor([0, 1, 1, 1, 1])
+        >>> docs = raggedfn.from_nested_lengths(torch.zeros(5, 8), [[2, 1], [2, 0, 3]])
+        >>> raggedfn.segment_ids(docs).tolist(), raggedfn.segment_ids(docs, 2).tolist()
+        ([0, 0, 1, 1, 1], [0, 0, 2, 2, 2])
     """
+    fn = "segment_ids"
     if not isinstance(x, Ragged):
-        raise fail("segment_ids", f"x must be a Ragged value, got {describe(x)}")
+        raise fail(fn, f"x must be a Ragged value, got {describe(x)}")
+    if dim is not None:
+        axis = sample_axis(x, dim, fn)
+        if not axis.ragged:
+            raise fail(
+                fn, f"dim {dim} is a dense axis of logical shape {x.shape}; name a ragged axis"
+            )
+        if axis.index > 0:
+            if not x.row_offsets:
+                raise fail(
+                    fn,
+                    f"dim {dim} is ragged axis {axis.index} of a value without nested axes "
+                    f"(logical shape {x.shape}): its rows belong to samples only; leave dim=None",
+                )
+            owners = parents(x.sizes, x.row_offsets, x.values.shape[0])
+            return ancestors(owners, axis.index - 1)
     return _segment_ids(x.offsets, x.values.shape[0])
 
 
@@ -148,6 +177,9 @@ def positions(x: Ragged, dim: int | None = None) -> Ragged:
                 f"positions count along a ragged axis {x.ragged_dims}",
             )
     total = x.values.shape[0]
-    _, coords = coordinates(x.offsets, x.sizes, total)
+    if x.row_offsets:
+        along = row_positions(x.sizes, x.row_offsets, total, axis.index)
+    else:
+        along = coordinates(x.offsets, x.sizes, total)[1][axis.index]
     layout = Layout(tuple(a for a in x.layout.axes if a.ragged))
-    return Ragged(coords[axis.index], x.offsets, x.sizes, layout)
+    return like(x, along, layout)

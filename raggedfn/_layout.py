@@ -15,24 +15,35 @@ class Axis(NamedTuple):
 
     A ragged axis ``k`` is column ``k`` of ``sizes``; the ragged axes are stored
     row-major in ``k`` order in the packed leading axis of ``values``. A dense
-    axis ``j`` is axis ``1 + j`` of ``values``.
+    axis ``j`` is axis ``1 + j`` of ``values``. A ``nested`` ragged axis ``k``
+    has one size per element of ragged axis ``k - 1`` (documents of sentences
+    of tokens): its partition is ``row_offsets[k - 1]`` of the value.
 
     Examples:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(2, 5), torch.zeros(3, 5)])
         >>> x.layout.axes
-        (Axis(ragged=True, index=0), Axis(ragged=False, index=0))
+        (Axis(ragged=True, index=0, nested=False), Axis(ragged=False, index=0, nested=False))
     """
 
     ragged: bool
     index: int  # type: ignore[assignment]  # field shadows tuple.index on purpose
+    nested: bool = False
 
 
 RAGGED_NAMES = ("N", "M", "K", "L", "P", "Q")
+# a chain of nested axes reads outer to inner: sentences of tokens, graphs of nodes of edges
+NESTED_NAMES = ("S", "L", "E", "F", "G", "H")
 
 
 def _parse(code: str) -> tuple[Axis, ...]:
-    return tuple(Axis(part[0] == "r", int(part[1:])) for part in code.split())
+    return tuple(Axis(part[0] != "d", int(part[1:]), part[0] == "n") for part in code.split())
+
+
+def _letter(axis: Any) -> str:
+    if len(axis) == 3 and axis[2]:
+        return "n"
+    return "r" if axis[0] else "d"
 
 
 def _checked(code: Any) -> str:
@@ -42,15 +53,25 @@ def _checked(code: Any) -> str:
             "Layout", f"expected a layout code string or a tuple of Axis, got {describe(code)}"
         )
     parts = code.split()
-    if not all(p[:1] in ("r", "d") and p[1:].isdigit() and p[1:].isascii() for p in parts):
+    if not all(p[:1] in ("r", "d", "n") and p[1:].isdigit() and p[1:].isascii() for p in parts):
         raise fail(
-            "Layout", f"expected a code like 'r0 d0' (r/d and an index per axis), got {code!r}"
+            "Layout",
+            f"expected a code like 'r0 d0' (r/n/d and an index per axis), got {code!r}",
         )
     parsed = _parse(code)
     ragged = sorted(a.index for a in parsed if a.ragged)
     dense = sorted(a.index for a in parsed if not a.ragged)
     if ragged != list(range(len(ragged))) or dense != list(range(len(dense))):
         raise fail("Layout", f"expected ragged and dense axes numbered 0..n-1 each, got {code!r}")
+    nested = [a for a in parsed if a.nested]
+    if nested:
+        chain = [a for a in parsed if a.ragged]
+        if [a.index for a in chain] != ragged or any(a.nested != (a.index > 0) for a in chain):
+            raise fail(
+                "Layout",
+                "expected a nested layout to hold one chain of ragged axes r0 n1 n2 ... in "
+                f"logical order (each nested in the one before), got {code!r}",
+            )
     return " ".join(parts)
 
 
@@ -80,7 +101,7 @@ class Layout:
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.zeros(3, 2, 3), torch.zeros(4, 2, 4)], ragged_dims=(1, 3))
         >>> x.layout, x.layout.axes[1]
-        (Layout('r0 d0 r1'), Axis(ragged=False, index=0))
+        (Layout('r0 d0 r1'), Axis(ragged=False, index=0, nested=False))
         >>> raggedfn.Layout.standard(1, 1).describe((8,))
         '(N*, 8)'
     """
@@ -95,13 +116,13 @@ class Layout:
         code: Any = self.code
         if not isinstance(code, str):
             if not isinstance(code, (tuple, list)) or not all(
-                isinstance(a, tuple) and len(a) == 2 for a in code
+                isinstance(a, tuple) and len(a) in (2, 3) for a in code
             ):
                 raise fail(
                     "Layout",
                     f"expected a layout code string or a tuple of Axis, got {describe(code)}",
                 )
-            code = " ".join(f"{'r' if a[0] else 'd'}{int(a[1])}" for a in code)
+            code = " ".join(f"{_letter(a)}{int(a[1])}" for a in code)
             object.__setattr__(self, "code", code)
         if torch.compiler.is_compiling():
             return  # layouts built inside a compiled graph come from validated ones
@@ -128,24 +149,30 @@ class Layout:
         return f"Layout({self.code!r})"
 
     @staticmethod
-    def standard(num_ragged: int, num_dense: int) -> Layout:
-        """Ragged axes first, then dense axes, each in storage order."""
+    def standard(num_ragged: int, num_dense: int, nested: bool = False) -> Layout:
+        """Ragged axes first, then dense axes, each in storage order.
+
+        ``nested``: the ragged axes form one chain, each nested in the one before.
+        """
         return Layout(
-            tuple(Axis(True, k) for k in range(num_ragged))
+            tuple(Axis(True, k, nested and k > 0) for k in range(num_ragged))
             + tuple(Axis(False, j) for j in range(num_dense))
         )
 
     @staticmethod
-    def from_ragged_positions(rank: int, positions: tuple[int, ...]) -> Layout:
+    def from_ragged_positions(
+        rank: int, positions: tuple[int, ...], nested: bool = False
+    ) -> Layout:
         """A layout of ``rank`` sample axes whose ragged ones sit at ``positions``.
 
-        Ragged axes are numbered in increasing position, dense axes likewise.
+        Ragged axes are numbered in increasing position, dense axes likewise;
+        ``nested`` makes them one chain (each nested in the one before).
         """
         axes: list[Axis] = []
         k = j = 0
         for a in range(rank):
             if a in positions:
-                axes.append(Axis(True, k))
+                axes.append(Axis(True, k, nested and k > 0))
                 k += 1
             else:
                 axes.append(Axis(False, j))
@@ -158,8 +185,13 @@ class Layout:
 
     @property
     def num_ragged(self) -> int:
-        # counting "r" in the code: one C-level call, cheap on every value construction
-        return self.code.count("r")
+        # counting letters in the code: C-level calls, cheap on every value construction
+        return self.code.count("r") + self.code.count("n")
+
+    @property
+    def num_nested(self) -> int:
+        """Number of nested ragged axes (each has one ``row_offsets`` tensor)."""
+        return self.code.count("n")
 
     @property
     def num_dense(self) -> int:
@@ -187,8 +219,9 @@ class Layout:
 
     def describe(self, dense_shape: tuple[int, ...]) -> str:
         """Logical sample shape as text, ragged axes as ``N*``, ``M*``, ..."""
+        names = NESTED_NAMES if self.num_nested else RAGGED_NAMES
         parts = [
-            f"{RAGGED_NAMES[a.index % len(RAGGED_NAMES)]}*"
+            f"{names[a.index % len(names)]}*"
             if a.ragged
             else f"{dense_shape[a.index]}"  # an f-string: dynamo refuses str() of a SymInt
             for a in self.axes

@@ -12,12 +12,13 @@ import torch.utils._pytree as torch_pytree
 from torch import Tensor
 
 from ._errors import RaggedError, describe, fail, shape_text
-from ._index import lengths_of, offsets_of, segment_ids
+from ._index import gather_ranges, lengths_of, offsets_of
 from ._layout import Axis, Layout
+from ._nested import level_offsets
 from ._validate import check_partition, check_structure
 
 OPTREE_NAMESPACE = "raggedfn"
-_FIELDS = ("values", "offsets", "sizes", "layout")
+_FIELDS = ("values", "offsets", "sizes", "layout", "row_offsets")
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,8 +29,14 @@ class Ragged:
         values: ``[T, *dense]`` every sample's ragged axes flattened row-major into
             the leading axis; dense axes trail.
         offsets: int64 ``[B + 1]``; sample ``i`` owns ``values[offsets[i]:offsets[i+1]]``.
-        sizes: int64 ``[B, R]``; sample ``i``'s size along each ragged axis.
+        sizes: int64 ``[B, R]``; sample ``i``'s size along each ragged axis (for a
+            nested axis: the number of its elements in sample ``i``).
         layout: the logical order of a sample's axes (see :class:`Layout`).
+        row_offsets: one int64 ``[N + 1]`` tensor per nested axis ``k`` (``k >= 1``):
+            element ``e`` of ragged axis ``k - 1`` (numbered across the batch) owns
+            elements ``row_offsets[k - 1][e] : row_offsets[k - 1][e + 1]`` of axis
+            ``k``; the innermost axis's elements are the packed rows. Empty (the
+            default) for values without nested axes.
 
     Build values with the constructors (``from_list``, ``from_lengths``, ...),
     which validate user data. The dataclass constructor runs only cheap
@@ -55,18 +62,24 @@ class Ragged:
     offsets: Tensor
     sizes: Tensor
     layout: Layout
+    row_offsets: tuple[Tensor, ...] = ()
 
     def __post_init__(self) -> None:
-        check_structure("Ragged", self.values, self.offsets, self.sizes, self.layout)
+        check_structure(
+            "Ragged", self.values, self.offsets, self.sizes, self.layout, self.row_offsets
+        )
 
     @classmethod
-    def _make(cls, values: Any, offsets: Any, sizes: Any, layout: Layout) -> Ragged:
+    def _make(
+        cls, values: Any, offsets: Any, sizes: Any, layout: Layout, row_offsets: Any = ()
+    ) -> Ragged:
         """Build without any check (pytree unflatten may pass non-tensor leaves)."""
         obj = object.__new__(cls)
         object.__setattr__(obj, "values", values)
         object.__setattr__(obj, "offsets", offsets)
         object.__setattr__(obj, "sizes", sizes)
         object.__setattr__(obj, "layout", layout)
+        object.__setattr__(obj, "row_offsets", row_offsets)
         return obj
 
     def __copy__(self) -> Ragged:
@@ -80,11 +93,13 @@ class Ragged:
         the partition data too (a host sync).
         """
         fn = "Ragged.__setstate__"
+        if isinstance(state, dict) and set(state) == set(_FIELDS[:4]):
+            state = {**state, "row_offsets": ()}  # saved before nested axes existed
         if not isinstance(state, dict) or set(state) != set(_FIELDS):
             raise fail(fn, f"expected a dict with keys {_FIELDS}, got {describe(state)}")
-        values, offsets, sizes, layout = (state[name] for name in _FIELDS)
-        check_structure(fn, values, offsets, sizes, layout)
-        check_partition(fn, values, offsets, sizes)
+        values, offsets, sizes, layout, row_offsets = (state[name] for name in _FIELDS)
+        check_structure(fn, values, offsets, sizes, layout, row_offsets)
+        check_partition(fn, values, offsets, sizes, row_offsets)
         for name in _FIELDS:
             object.__setattr__(self, name, state[name])
 
@@ -98,6 +113,11 @@ class Ragged:
     def num_ragged(self) -> int:
         """Number of ragged axes ``R`` of a sample."""
         return self.layout.num_ragged
+
+    @property
+    def is_nested(self) -> bool:
+        """Whether the ragged axes are nested levels (documents of sentences of tokens)."""
+        return bool(self.row_offsets)
 
     @property
     def lengths(self) -> Tensor:
@@ -160,7 +180,7 @@ class Ragged:
             )
         layout = self.layout
         if values.ndim != self.values.ndim:
-            standard = Layout.standard(layout.num_ragged, layout.num_dense)
+            standard = Layout.standard(layout.num_ragged, layout.num_dense, layout.num_nested > 0)
             if layout != standard:
                 raise fail(
                     "with_values",
@@ -168,12 +188,25 @@ class Ragged:
                     f"layout {layout.describe(tuple(self.values.shape[1:]))} is not ragged-axes-first; "
                     "permute it to that order first",
                 )
-            layout = Layout.standard(layout.num_ragged, values.ndim - 1)
-        return Ragged(values, self.offsets, self.sizes, layout)
+            layout = Layout.standard(layout.num_ragged, values.ndim - 1, layout.num_nested > 0)
+        return Ragged(values, self.offsets, self.sizes, layout, self.row_offsets)
+
+    def clone(self) -> Ragged:
+        """A copy that owns new ``values`` (and partition) tensors, like ``Tensor.clone``.
+
+        Gradients flow through the copy of ``values`` as through ``Tensor.clone``.
+        """
+        return Ragged(
+            self.values.clone(),
+            self.offsets.clone(),
+            self.sizes.clone(),
+            self.layout,
+            tuple(p.clone() for p in self.row_offsets),
+        )
 
     def detach(self) -> Ragged:
         """The same value with ``values`` detached from the autograd graph."""
-        return Ragged(self.values.detach(), self.offsets, self.sizes, self.layout)
+        return like(self, self.values.detach())
 
     def double(self) -> Ragged:
         """``values`` as float64."""
@@ -230,22 +263,28 @@ class Ragged:
             self.offsets.pin_memory(),
             self.sizes.pin_memory(),
             self.layout,
+            tuple(p.pin_memory() for p in self.row_offsets),
         )
 
     def is_pinned(self) -> bool:
-        """Whether ``values``, ``offsets`` and ``sizes`` are all in pinned memory."""
-        return all(t.is_pinned() for t in (self.values, self.offsets, self.sizes))
+        """Whether ``values``, ``offsets``, ``sizes`` (and ``row_offsets``) are all pinned."""
+        tensors = (self.values, self.offsets, self.sizes, *self.row_offsets)
+        return all(t.is_pinned() for t in tensors)
 
     def _partitions_to(self, values: Tensor, non_blocking: bool, copy: bool) -> Ragged:
         device = values.device
         offsets = self.offsets.to(device, non_blocking=non_blocking, copy=copy)
         sizes = self.sizes.to(device, non_blocking=non_blocking, copy=copy)
-        return Ragged(values, offsets, sizes, self.layout)
+        row_offsets = tuple(
+            p.to(device, non_blocking=non_blocking, copy=copy) for p in self.row_offsets
+        )
+        return Ragged(values, offsets, sizes, self.layout, row_offsets)
 
     # ----- indexing ---------------------------------------------------------
     def __getitem__(self, index: Any) -> Any:
-        """``x[i]`` is sample ``i`` (a tensor in logical axis order);
-        ``x[i:j]``, ``x[int tensor]``, ``x[bool tensor]`` and ``x[list]`` are sub-batches."""
+        """``x[i]`` is sample ``i`` (a tensor in logical axis order; for nested axes a
+        ``Ragged`` with one level less); ``x[i:j]``, ``x[int tensor]``, ``x[bool tensor]``
+        and ``x[list]`` are sub-batches."""
         fn = "Ragged.__getitem__"
         if isinstance(index, (int, torch.SymInt)) and not isinstance(index, bool):
             return _sample(self, index)
@@ -334,13 +373,20 @@ class Ragged:
         raise fail("Ragged.__bool__", "the truth value of a Ragged value is ambiguous")
 
 
-def _sample(x: Ragged, index: int | torch.SymInt) -> Tensor:
+def like(x: Ragged, values: Tensor, layout: Layout | None = None) -> Ragged:
+    """A value with the partitions of ``x`` (nested ones too) and new ``values``/``layout``."""
+    return Ragged(values, x.offsets, x.sizes, x.layout if layout is None else layout, x.row_offsets)
+
+
+def _sample(x: Ragged, index: int | torch.SymInt) -> Any:
     batch_size = x.batch_size
     if not -batch_size <= index < batch_size:
         raise fail(
             "Ragged.__getitem__", f"sample {index} is out of range for a batch of {batch_size}"
         )
     index = index % batch_size
+    if x.row_offsets:
+        return inner_sample(x, index)
     start, stop = x.offsets[index : index + 2].tolist()
     sample_sizes = x.sizes[index].tolist()
     physical = x.values[start:stop].reshape(*sample_sizes, *x.values.shape[1:])
@@ -366,12 +412,55 @@ def _select_samples(x: Ragged, index: Tensor) -> Ragged:
             fn, f"sample indices {index.tolist()} are out of range for a batch of {batch_size}"
         )
     index = torch.remainder(index, max(batch_size, 1))
-    lengths = lengths_of(x.offsets)[index]
-    offsets = offsets_of(lengths)
-    total = int(offsets[-1])
-    rows = segment_ids(offsets, total)
-    source = x.offsets[index][rows] + torch.arange(total, device=offsets.device) - offsets[rows]
+    if x.row_offsets:
+        return _select_nested(x, index)
+    source, offsets = gather_ranges(x.offsets[index], lengths_of(x.offsets)[index])
     return Ragged(x.values[source], offsets, x.sizes[index], x.layout)
+
+
+def _select_nested(x: Ragged, index: Tensor) -> Ragged:
+    """Samples ``index`` of a nested value: each level's element ranges, gathered."""
+    levels = level_offsets(x.sizes, x.row_offsets)
+    starts = [level[index] for level in levels]
+    counts = [lengths_of(level)[index] for level in levels]
+    sources = [gather_ranges(s, c)[0] for s, c in zip(starts, counts, strict=True)]
+    row_offsets = tuple(
+        offsets_of(lengths_of(parts).index_select(0, source))
+        for parts, source in zip(x.row_offsets, sources, strict=False)
+    )
+    return Ragged(
+        x.values[sources[-1]], offsets_of(counts[-1]), x.sizes[index], x.layout, row_offsets
+    )
+
+
+def inner_sample(x: Ragged, index: int | torch.SymInt) -> Ragged:
+    """Sample ``index`` of a nested value as a ``Ragged`` with one level less: its
+    elements along the outermost ragged axis are the samples."""
+    fn = "Ragged.__getitem__"
+    axes = x.layout.axes
+    if not axes[0].ragged:
+        raise fail(
+            fn,
+            "a sample of a nested value is a Ragged whose batch axis is the outermost ragged "
+            f"axis, which must come first; got logical shape {x.layout.describe(tuple(x.values.shape[1:]))}",
+        )
+    levels = level_offsets(x.sizes, x.row_offsets)
+    bounds = torch.stack([level[index : index + 2] for level in levels]).tolist()
+    (first, last), (start, stop) = bounds[0], bounds[-1]
+    parts = x.row_offsets
+    # offsets of each inner level per element of the outer level, composed down
+    composed = [torch.arange(first, last + 1, device=x.offsets.device)]
+    for p in parts:
+        composed.append(p.index_select(0, composed[-1]))
+    offsets = composed[-1] - start
+    sizes = torch.stack([lengths_of(c) for c in composed[1:]], 1)
+    row_offsets = tuple(
+        p[lo : hi + 1] - p[lo] for p, (lo, hi) in zip(parts[1:], bounds[1:-1], strict=True)
+    )
+    layout = Layout(
+        tuple(Axis(True, a.index - 1, a.index > 1) if a.ragged else a for a in axes[1:])
+    )
+    return Ragged(x.values[start:stop], offsets, sizes, layout, row_offsets)
 
 
 # ----- pytree registration ----------------------------------------------------
@@ -382,23 +471,39 @@ def _select_samples(x: Ragged, index: Tensor) -> Ragged:
 
 
 def _unflatten_leaves(fn: str, leaves: Any, layout: Layout) -> Ragged:
-    values, offsets, sizes = leaves
+    values, offsets, sizes, *rest = leaves
+    row_offsets = tuple(rest)
     if isinstance(values, Tensor) or isinstance(offsets, Tensor) or isinstance(sizes, Tensor):
-        check_structure(fn, values, offsets, sizes, layout)
-    return Ragged._make(values, offsets, sizes, layout)
+        check_structure(fn, values, offsets, sizes, layout, row_offsets)
+    return Ragged._make(values, offsets, sizes, layout, row_offsets)
 
 
 def _flatten(x: Ragged) -> tuple[list[Any], Layout]:
-    return [x.values, x.offsets, x.sizes], x.layout
+    return [x.values, x.offsets, x.sizes, *x.row_offsets], x.layout
 
 
 def _unflatten(leaves: Any, layout: Layout) -> Ragged:
     return _unflatten_leaves("tree_unflatten", leaves, layout)
 
 
+@dataclass(frozen=True)
+class RowOffsetsKey:
+    """Pytree key of ``x.row_offsets[level]`` (``keystr`` shows ``.row_offsets[level]``)."""
+
+    level: int
+
+    def __str__(self) -> str:
+        return f".row_offsets[{self.level}]"
+
+    def get(self, obj: Ragged) -> Tensor:
+        return obj.row_offsets[self.level]
+
+
 def _flatten_with_keys(x: Ragged) -> tuple[list[tuple[Any, Any]], Layout]:
     keys = (torch_pytree.GetAttrKey(n) for n in ("values", "offsets", "sizes"))
-    return [(k, getattr(x, k.name)) for k in keys], x.layout
+    entries: list[tuple[Any, Any]] = [(k, getattr(x, k.name)) for k in keys]
+    entries += [(RowOffsetsKey(k), p) for k, p in enumerate(x.row_offsets)]
+    return entries, x.layout
 
 
 def _to_dumpable_context(layout: Layout) -> str:
@@ -422,7 +527,13 @@ torch_pytree.register_pytree_node(
 
 
 def _optree_flatten(x: Ragged) -> tuple[list[Any], Layout, tuple[str, ...]]:
-    return [x.values, x.offsets, x.sizes], x.layout, ("values", "offsets", "sizes")
+    names = (
+        "values",
+        "offsets",
+        "sizes",
+        *(f"row_offsets[{k}]" for k in range(len(x.row_offsets))),
+    )
+    return [x.values, x.offsets, x.sizes, *x.row_offsets], x.layout, names
 
 
 def _optree_unflatten(layout: Layout, leaves: Any) -> Ragged:

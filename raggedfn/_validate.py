@@ -35,7 +35,9 @@ def is_tracing(t: Tensor) -> bool:
     return is_fake(t)
 
 
-def check_structure(fn: str, values: Any, offsets: Any, sizes: Any, layout: Any) -> None:
+def check_structure(
+    fn: str, values: Any, offsets: Any, sizes: Any, layout: Any, row_offsets: Any = ()
+) -> None:
     """The invariants readable without the data; raises ``RaggedError``."""
     if not isinstance(layout, Layout):
         raise fail(fn, f"expected layout to be a Layout, got {describe(layout)}")
@@ -76,15 +78,48 @@ def check_structure(fn: str, values: Any, offsets: Any, sizes: Any, layout: Any)
             f"expected values, offsets and sizes on one device, got {values.device}, "
             f"{offsets.device} and {sizes.device}",
         )
+    if row_offsets or layout.num_nested:
+        _check_row_offsets(fn, values, row_offsets, layout)
 
 
-def check_partition(fn: str, values: Tensor, offsets: Tensor, sizes: Tensor) -> None:
+def _check_row_offsets(fn: str, values: Tensor, row_offsets: Any, layout: Layout) -> None:
+    """A nested layout has one int64 ``[N + 1]`` partition per nested axis."""
+    if not isinstance(row_offsets, tuple):
+        raise fail(
+            fn, f"expected row_offsets to be a tuple of tensors, got {describe(row_offsets)}"
+        )
+    if len(row_offsets) != layout.num_nested:
+        raise fail(
+            fn,
+            f"expected {layout.num_nested} row_offsets tensors (one per nested axis of the layout "
+            f"{layout.code!r}), got {len(row_offsets)}",
+        )
+    for k, parts in enumerate(row_offsets):
+        if not isinstance(parts, Tensor) or parts.ndim != 1 or parts.dtype != torch.int64:
+            raise fail(
+                fn,
+                f"expected row_offsets[{k}] to be an int64 [N + 1] tensor, got {describe(parts)}",
+            )
+        if parts.shape[0] < 1:
+            raise fail(fn, f"expected row_offsets[{k}] to hold at least one entry, got 0")
+        if parts.device != values.device:
+            raise fail(
+                fn, f"expected row_offsets[{k}] on {values.device} like values, got {parts.device}"
+            )
+
+
+def check_partition(
+    fn: str, values: Tensor, offsets: Tensor, sizes: Tensor, row_offsets: tuple[Tensor, ...] = ()
+) -> None:
     """Value checks on a partition (host sync eagerly; graph assertions while tracing).
 
     Call :func:`check_structure` first: this assumes the shapes and dtypes hold.
     """
     total = values.shape[0]
     steps = lengths_of(offsets)
+    if row_offsets:
+        _check_nested(fn, total, offsets, sizes, row_offsets)
+        return
     if is_tracing(offsets) or is_tracing(sizes):
         _assert_partition(fn, total, offsets, steps, sizes)
         return
@@ -127,3 +162,50 @@ def _assert_partition(fn: str, total: Any, offsets: Tensor, steps: Tensor, sizes
         (counts == steps.to(torch.float64)).all(),
         f"{fn}: a sample's sizes (their product) disagree with the rows offsets give it",
     )
+
+
+def _check_nested(
+    fn: str, total: Any, offsets: Tensor, sizes: Tensor, row_offsets: tuple[Tensor, ...]
+) -> None:
+    """A chain of nested partitions: each level's offsets run from 0 to the number of
+    elements of the next level, and the per-sample counts (``sizes``) and ``offsets``
+    agree with their composition."""
+    tracing = is_tracing(offsets) or any(is_tracing(p) for p in row_offsets)
+    ends = [p.shape[0] - 1 for p in row_offsets[1:]] + [total]
+    checks: list[tuple[Tensor, str]] = [
+        (offsets[0] == 0, "offsets must start at 0"),
+        ((lengths_of(offsets) >= 0).all(), "offsets must never decrease"),
+        (offsets[-1] == total, "offsets must end at values.shape[0]"),
+        ((sizes >= 0).all(), "sizes must be non-negative"),
+    ]
+    level = torch.cat([sizes.new_zeros(1), torch.cumsum(sizes[:, 0], 0)])
+    checks.append(
+        (
+            level[-1] == row_offsets[0].shape[0] - 1,
+            "sizes[:, 0] must add up to the elements partitioned by row_offsets[0]",
+        )
+    )
+    for k, (parts, end) in enumerate(zip(row_offsets, ends, strict=True)):
+        checks.append((parts[0] == 0, f"row_offsets[{k}] must start at 0"))
+        checks.append(((lengths_of(parts) >= 0).all(), f"row_offsets[{k}] must never decrease"))
+        checks.append(
+            (parts[-1] == end, f"row_offsets[{k}] must end at the element count of the next level")
+        )
+        # clamped: a bad partition must give an error, never an out-of-range read
+        level = parts.index_select(0, level.clamp(0, parts.shape[0] - 1))
+        checks.append(
+            (
+                (lengths_of(level) == sizes[:, k + 1]).all(),
+                f"sizes[:, {k + 1}] must count each sample's elements of nested axis {k + 1}",
+            )
+        )
+    checks.append(((level == offsets).all(), "offsets must equal the composed row_offsets"))
+    for ok, message in checks:
+        if tracing:
+            torch._assert_async(ok, f"{fn}: {message}")
+        elif not bool(ok):
+            raise fail(
+                fn,
+                f"{message}, got offsets {offsets.tolist()[:8]}, sizes "
+                f"{sizes.tolist()[:8]}, row_offsets {[p.tolist()[:8] for p in row_offsets]}",
+            )

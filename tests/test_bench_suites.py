@@ -30,7 +30,7 @@ def _agree(suite: harness.Suite, case: Case, systems: list[str]) -> dict[str, ha
     for system in systems:
         step = suite.build(case, system)
         got = step.collect(step.run())
-        assert harness._disagreement(got, expected, case.dtype) == "", (case, system)
+        assert harness.disagreement(got, expected, case.dtype) == "", (case, system)
         steps[system] = step
     return steps
 
@@ -100,7 +100,7 @@ def test_wrong_system_is_caught() -> None:
     step = bert.SUITE.build(case, "raggedfn")
     got = step.collect(step.run())
     got[len(LENGTHS) + 2] = got[len(LENGTHS) + 2] * 1.01  # one sample's input gradient
-    assert "sample 6 differs" in harness._disagreement(got, expected, case.dtype)
+    assert "sample 6 differs" in harness.disagreement(got, expected, case.dtype)
 
 
 def test_sized_cases_and_ideal() -> None:

@@ -397,20 +397,27 @@ def test_from_sizes_requires_b_by_r():
         raggedfn.from_sizes(torch.zeros(5), torch.tensor([2, 3]))
 
 
+def test_from_list_of_lists_gives_nested_levels():
+    x = raggedfn.from_list([[torch.zeros(2), torch.zeros(3)], [torch.zeros(1)]])
+    assert x.shape == (2, None, None) and x.sizes.tolist() == [[2, 5], [1, 1]]
+
+
 @pytest.mark.parametrize(
-    "tensors",
+    ("tensors", "message"),
     [
-        [[torch.zeros(2), torch.zeros(3)], [torch.zeros(1)]],  # documents of sentences
-        [[1, 2, 3], [4]],
-        [torch.zeros(2), (torch.zeros(1),)],
+        ([[1, 2, 3], [4]], r"from_list: expected tensors or lists of tensors, got int 1"),
+        (
+            [torch.zeros(2), (torch.zeros(1),)],
+            r"from_list: sample 1 must be a tensor, got tuple .*samples mix tensors and lists",
+        ),
+        (
+            [[torch.zeros(2)], torch.zeros(1)],
+            r"from_list: sample 1 must be a list \(of tensors or lists\), got .*depth 2",
+        ),
     ],
 )
-def test_from_list_of_nested_lists_says_nested_levels_are_not_supported_yet(tensors):
-    with pytest.raises(
-        RaggedError,
-        match=r"from_list: sample \d must be a tensor, got .*; nested ragged levels \(a list of "
-        r"lists, e.g. documents of sentences\) are not supported yet",
-    ):
+def test_from_list_of_mixed_lists_names_the_entry(tensors, message):
+    with pytest.raises(RaggedError, match=message):
         raggedfn.from_list(tensors)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks import harness
+from benchmarks import _memory, harness
 from benchmarks.harness import DISTRIBUTIONS, Case, Missing, occupancy
 from benchmarks.segment_ops import OPS, REDUCTIONS, SUITE
 
@@ -258,10 +258,10 @@ def test_slow_steps_count_their_checked_call_as_warm_up():
     calls = []
     run = lambda: calls.append(1)  # noqa: E731
     # a first call slower than SLOW_STEP_S: no warm-up and no calibration calls
-    assert harness._warm_up(run, "cpu", 3, 0.03, first=harness.SLOW_STEP_S) == 1
+    assert harness.warm_up(run, "cpu", 3, 0.03, first=harness.SLOW_STEP_S) == 1
     assert calls == []
     # a fast step: the warm-up calls, then the three calibration calls
-    number = harness._warm_up(run, "cpu", 2, 0.03, first=0.0)
+    number = harness.warm_up(run, "cpu", 2, 0.03, first=0.0)
     assert len(calls) == 2 + 3 and number > 1
 
 
@@ -305,13 +305,13 @@ def test_memory_of_a_suite_is_measured_in_one_subprocess(monkeypatch):
     big = Case(**{**base.__dict__, "lengths": (2048, 8), "params": params})
     small = Case(**{**base.__dict__, "lengths": (8, 8), "params": params})
     runs = []
-    real_run = harness.subprocess.run
+    real_run = _memory.subprocess.run
 
     def counting_run(*args, **kwargs):
         runs.append(args)
         return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(harness.subprocess, "run", counting_run)
+    monkeypatch.setattr(_memory.subprocess, "run", counting_run)
     got = harness.measure_memory_cases(
         [(big, ["padded", "raggedfn"]), (small, []), (small, ["padded"])], 1
     )
@@ -321,3 +321,51 @@ def test_memory_of_a_suite_is_measured_in_one_subprocess(monkeypatch):
     assert got[0]["padded"] is not None and got[0]["padded"] > 4
     assert got[2]["padded"] is not None and got[2]["padded"] < 2
     assert got[0]["raggedfn"] is not None and got[0]["raggedfn"] < got[0]["padded"]
+
+
+def test_every_system_runs_in_every_round_in_rotated_order():
+    """Systems are interleaved: each round times each system once, the order rotates."""
+    log: list[str] = []
+
+    def builder(name: str):
+        def build(case: Case) -> harness.Step:
+            def run() -> torch.Tensor:
+                log.append(name)
+                return torch.ones(2)
+
+            return harness.Step(run, lambda out: [out])
+
+        return build
+
+    names = ["padded", "raggedfn", "loop"]
+    suite = harness.Suite(
+        "demo", ["w"], ["fwd"], {n: builder(n) for n in names},
+        params=lambda quick: {"batch": 2}, distributions=lambda quick: ["equal"],
+        ideal_ratio=lambda case: 1.0,
+    )  # fmt: skip
+    case = Case("demo", "w", "fwd", "equal", (2, 2))
+    cells = harness.measure_case(suite, case, names, warmup=0, repeats=4, min_time=0.0)
+    timed = log[-4 * 3 * 1 :]  # min_time 0: one call per sample; calibration came before
+    rounds = [timed[i : i + 3] for i in range(0, 12, 3)]
+    assert rounds == [names, names[1:] + names[:1], names[2:] + names[:2], names]
+    by = {c.system: c for c in cells}
+    assert all(c.rounds == 4 for c in cells)
+    assert set(by["raggedfn"].versus) == {"loop"} and set(by["loop"].versus) == {"raggedfn"}
+    assert by["raggedfn"].versus["loop"] > 0
+
+
+def test_versus_table_shows_the_primary_speedups():
+    record = fake_record()
+    record["cells"][1]["versus"] = {"nested": 0.5}
+    text = harness.markdown_table(record)
+    assert "| op | mode | raggedfn vs nested |" in text
+    assert "| sum | fwd | 2.00x |" in text
+
+
+def test_gpu_script_refuses_without_a_device(capsys):
+    from benchmarks import gpu
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the script would run every suite")
+    assert gpu.main(["--quick"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Segment primitives: gradcheck/gradgradcheck, torch.func composition, empty segments."""
+"""Segment primitives: gradcheck/gradgradcheck (reverse and forward mode), torch.func
+composition, empty segments."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch.autograd import gradcheck, gradgradcheck
-from torch.func import grad, jacrev, vjp, vmap
+from torch.func import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 
 from raggedfn import _prims
 
@@ -46,6 +48,13 @@ PRIMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     ),
 }
 NAMES = sorted(PRIMS)
+# the prims whose empty segments hold a policy value (NaN mean, -inf max/logsumexp)
+FULL: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "mean": lambda v: _prims.segment_mean(v, SEGMENTS, NUM),
+    "max": lambda v: _first(_prims.segment_max(v, SEGMENTS, NUM)),
+    "min": lambda v: _first(_prims.segment_min(v, SEGMENTS, NUM)),
+    "logsumexp": lambda v: _prims.segment_logsumexp(v, SEGMENTS, NUM),
+}
 
 
 def _values(dtype: torch.dtype = torch.float64, seed: int = 0) -> torch.Tensor:
@@ -106,13 +115,7 @@ def test_empty_segment_values_follow_the_policy() -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_gradients_finite_with_empty_segments(name: str) -> None:
     # Full outputs (policy NaN/-inf included) with a zero cotangent there.
-    full: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-        "mean": lambda v: _prims.segment_mean(v, SEGMENTS, NUM),
-        "max": lambda v: _first(_prims.segment_max(v, SEGMENTS, NUM)),
-        "min": lambda v: _first(_prims.segment_min(v, SEGMENTS, NUM)),
-        "logsumexp": lambda v: _prims.segment_logsumexp(v, SEGMENTS, NUM),
-    }
-    f = full.get(name, PRIMS[name])
+    f = FULL.get(name, PRIMS[name])
     values = _values()
     out = f(values)
     finite = torch.isfinite(out.detach())
@@ -239,3 +242,81 @@ def test_prod_gradients_with_zeros() -> None:
         want[rows] = g
     torch.testing.assert_close(got, want)
     assert vmap(grad(lambda v: PRIMS["prod"](v).sum()))(values.detach()[None]).isfinite().all()
+
+
+# ----- forward mode ------------------------------------------------------------------------
+
+
+def _forward_checks(
+    f: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor, second: bool = True
+) -> None:
+    """Forward-mode derivatives against finite differences, batched (vmap of jvp), and
+    forward-over-reverse second derivatives (``second``)."""
+    assert gradcheck(
+        f,
+        (values,),
+        check_forward_ad=True,
+        check_backward_ad=False,
+        check_batched_forward_grad=True,
+    )
+    if second:
+        assert gradgradcheck(f, (values,), check_fwd_over_rev=True)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_mode_gradcheck(name: str) -> None:
+    _forward_checks(PRIMS[name], _values())
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_forward_mode_at_ties_is_the_mean_tangent(name: str) -> None:
+    values = torch.tensor([[1.0], [1.0], [2.0], [2.0], [0.0], [3.0], [-1.0]], dtype=torch.float64)
+    # first order only: finite differences of the gradient jump across a tie
+    _forward_checks(PRIMS[name], values.requires_grad_(True), second=False)
+    tangent = torch.arange(7, dtype=torch.float64).reshape(7, 1)
+    _, got = jvp(PRIMS[name], (values.detach(),), (tangent,))
+    tied = [0.5, 2.5, 5.0] if name == "max" else [6.0, 4.0, 5.0]  # segments 0, 2, 3
+    assert got.squeeze(1).tolist() == tied
+
+
+def test_forward_mode_of_prod_with_zeros() -> None:
+    values = torch.tensor(
+        [[0.0, 2.0], [3.0, 0.0], [0.0, 1.5], [0.0, -2.0], [2.0, 0.5], [4.0, 3.0], [-1.5, 0.7]],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
+    _forward_checks(PRIMS["prod"], values)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_jacfwd_equals_jacrev_and_jvp_equals_forward_ad(name: str) -> None:
+    f = PRIMS[name]
+    values = _values().detach()
+    torch.testing.assert_close(jacfwd(f)(values), jacrev(f)(values))
+    tangent = torch.randn(
+        values.shape, dtype=values.dtype, generator=torch.Generator().manual_seed(3)
+    )
+    out, got = jvp(f, (values,), (tangent,))
+    with fwAD.dual_level():
+        dual = fwAD.unpack_dual(f(fwAD.make_dual(values, tangent)))
+    torch.testing.assert_close(dual.primal, out)
+    torch.testing.assert_close(dual.tangent, got)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hessian_equals_reverse_over_reverse(name: str) -> None:
+    f = PRIMS[name]
+
+    def loss(v: torch.Tensor) -> torch.Tensor:
+        return f(v).sin().sum()
+
+    values = _values().detach()
+    torch.testing.assert_close(hessian(loss)(values), jacrev(jacrev(loss))(values))
+    torch.testing.assert_close(jacrev(jacfwd(loss))(values), jacrev(jacrev(loss))(values))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_tangents_finite_with_empty_segments(name: str) -> None:
+    values = _values().detach()
+    _, tangent = jvp(FULL.get(name, PRIMS[name]), (values,), (torch.ones_like(values),))
+    assert torch.isfinite(tangent).all()

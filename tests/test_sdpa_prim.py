@@ -1,4 +1,5 @@
-"""The memory-lean attention primitive: equal to torch's SDPA in values and gradients."""
+"""The memory-lean attention primitive: equal to torch's SDPA in values and gradients
+(reverse and forward mode)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd import gradcheck, gradgradcheck
-from torch.func import grad, vjp, vmap
+from torch.func import grad, hessian, jvp, vjp, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from raggedfn._prims import _sdpa, scaled_dot_product_attention
 
@@ -111,18 +113,11 @@ def test_gradcheck_and_gradgradcheck(
     name: str, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_sdpa, "CHUNK_LOGITS", chunk)
-    q, k, v, bias, keep = _inputs(name)
-    # smaller shapes keep the finite differences fast
-    q, k, v = (t.detach()[:1, :2].requires_grad_(True) for t in (q, k, v))
-    if bias is not None:
-        bias = bias.detach()[..., -2:, :, :].requires_grad_(True) if bias.ndim >= 3 else bias
-    if keep is not None:
-        keep = keep[:1]
+    args, keep = _small(name)  # smaller shapes keep the finite differences fast
 
     def f(q: Tensor, k: Tensor, v: Tensor, *rest: Tensor) -> Tensor:
         return scaled_dot_product_attention(q, k, v, rest[0] if rest else None, keep)
 
-    args = (q, k, v) if bias is None else (q, k, v, bias)
     assert gradcheck(f, args)
     assert gradgradcheck(f, args)
 
@@ -245,3 +240,87 @@ def test_compiles_fullgraph_and_equals_eager() -> None:
     for a, e in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(a, e)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+# ----- forward mode ------------------------------------------------------------------------
+
+
+def _small(name: str) -> tuple[tuple[Tensor, ...], Tensor | None]:
+    """Small inputs for finite differences: (q, k, v[, bias]) and the keep mask."""
+    q, k, v, bias, keep = _inputs(name)
+    q, k, v = (t.detach()[:1, :2].requires_grad_(True) for t in (q, k, v))
+    if bias is not None:
+        bias = bias.detach()[..., -2:, :, :].requires_grad_(True) if bias.ndim >= 3 else bias
+    if keep is not None:
+        keep = keep[:1]
+    return ((q, k, v) if bias is None else (q, k, v, bias)), keep
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 7])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_forward_mode_gradcheck_of_output_and_logsumexp(
+    name: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_sdpa, "CHUNK_LOGITS", chunk)
+    args, keep = _small(name)
+
+    def both(q: Tensor, k: Tensor, v: Tensor, *rest: Tensor) -> tuple[Tensor, Tensor]:
+        bias = rest[0] if rest else None
+        return _sdpa._AttentionJvp.apply(q, k, v, bias, keep, 0.5)
+
+    def out(*a: Tensor) -> Tensor:
+        return both(*a)[0]
+
+    assert gradcheck(
+        both, args, check_forward_ad=True, check_backward_ad=False, check_batched_forward_grad=True
+    )
+    assert gradgradcheck(out, args, check_fwd_over_rev=True)
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 7])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_jvp_equals_torch_math_sdpa(name: str, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every subset of tangents (None for the others), fully masked rows included."""
+    monkeypatch.setattr(_sdpa, "CHUNK_LOGITS", chunk)
+    q, k, v, bias, keep = (t.detach() if t is not None else None for t in _inputs(name))
+    primals = [q, k, v] if bias is None else [q, k, v, bias]
+    tangents = [_randn(*t.shape, seed=10 + n, grad=False) for n, t in enumerate(primals)]
+    for which in range(len(primals)):
+        for wrt in ([which], list(range(len(primals)))):
+
+            def f(impl: Any, wrt: list[int] = wrt) -> Any:
+                def run(*diff: Tensor) -> Tensor:
+                    args = list(primals) + [None] * (4 - len(primals))
+                    for n, t in zip(wrt, diff, strict=True):
+                        args[n] = t
+                    return impl(*args, keep)
+
+                return run
+
+            args = tuple(primals[n] for n in wrt)
+            dirs = tuple(tangents[n] for n in wrt)
+            got = jvp(f(scaled_dot_product_attention), args, dirs)
+            with sdpa_kernel(SDPBackend.MATH):
+                want = jvp(f(_reference), args, dirs)
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w)
+
+
+def test_forward_mode_with_a_larger_mask_and_hessian() -> None:
+    q, k, v = _randn(3, 5, 4, seed=0), _randn(3, 6, 4, seed=1), _randn(3, 6, 2, seed=2)
+    bias, keep = _randn(2, 3, 5, 6, seed=3), _keep(2, 1, 5, 6, seed=4)
+    q, k, v, bias = (t.detach() for t in (q, k, v, bias))
+
+    def ours(q: Tensor, bias: Tensor) -> Tensor:
+        return scaled_dot_product_attention(q, k, v, bias, keep)
+
+    def theirs(q: Tensor, bias: Tensor) -> Tensor:
+        return _reference(*(t.expand(2, *t.shape) for t in (q, k, v)), bias, keep)
+
+    tangents = (_randn(*q.shape, seed=7, grad=False), _randn(*bias.shape, seed=8, grad=False))
+    with sdpa_kernel(SDPBackend.MATH):
+        want = jvp(theirs, (q, bias), tangents)
+        want_hessian = hessian(lambda q: theirs(q, bias).sin().sum())(q)
+    for g, w in zip(jvp(ours, (q, bias), tangents), want, strict=True):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(hessian(lambda q: ours(q, bias).sin().sum())(q), want_hessian)

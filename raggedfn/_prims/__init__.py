@@ -15,12 +15,19 @@ ctx, ``setup_context``, a backward built from other primitives,
 ``segment_amax``/``segment_amin`` (ties share the gradient, as ``torch.amax``;
 ``segment_max``/``segment_min`` add the non-differentiable arg index),
 ``segment_softmax``, ``segment_log_softmax``, ``segment_prod`` (exact with zeros,
-and vmap-able, unlike ``scatter_reduce``'s own rule), and the dense
+and vmap-able, unlike ``scatter_reduce``'s own rule), ``segment_matmul`` and
+``segment_outer`` (grouped GEMMs for experts, each the other's derivative, with
+forward-mode rules), and the dense
 ``scaled_dot_product_attention`` (saves the row logsumexp, not the
 probabilities, so a bias gradient does not keep the softmax alive). Everything else is a composite of
-differentiable torch ops, which is as fast and also supports forward-mode AD
-(``jacfwd``/``jvp``); the custom rules have no ``jvp`` (adding one breaks
-``torch.compile`` in torch 2.13), so forward-mode AD through them raises.
+differentiable torch ops, which is as fast and needs no rule of its own.
+
+Forward mode (``_forward.py``): each Function has a subclass with an explicit
+``jvp`` rule, also built from primitives (so ``hessian`` and ``jacrev(jacfwd)``
+work), used by eager calls; while dynamo traces, the jvp-less base class is used
+(dynamo 2.13 refuses a custom ``jvp``). :func:`has_tangent` tells the ops when a
+forward-mode tangent may be present (``attention`` then avoids torch's fused CPU
+kernel, which has no forward-mode derivative).
 
 Two ``torch.library`` custom-op pairs serve compiled code only (ops call them
 while ``torch.compiler.is_compiling()``): ``host_planned`` runs an op that plans
@@ -28,10 +35,12 @@ on the host (bucketed products, attention) as one opaque node, backward by
 recomputation (``_opaque.py``); ``varlen_attention`` runs plain attention with
 the fused SDPA kernel per sample and its own backward (``_varlen.py``). Both
 are opaque to ``torch.func`` and to double backward inside compiled code (those
-raise).
+raise; forward mode raises ``RaggedError``, see ``docs/transforms.md``).
 """
 
 from ._extrema import identity, segment_amax, segment_amin, segment_max, segment_min
+from ._forward import forward_mode, has_tangent
+from ._grouped import segment_matmul, segment_outer
 from ._opaque import host_planned, implement
 from ._prod import segment_prod
 from ._sdpa import scaled_dot_product_attention
@@ -42,6 +51,7 @@ from ._segment import (
     segment_cumsum,
     segment_mean,
     segment_sum,
+    take_rows,
     unpad,
 )
 from ._softmax import segment_log_softmax, segment_logsumexp, segment_softmax
@@ -49,6 +59,8 @@ from ._varlen import varlen_attention
 
 __all__ = [
     "broadcast",
+    "forward_mode",
+    "has_tangent",
     "host_planned",
     "identity",
     "implement",
@@ -61,11 +73,14 @@ __all__ = [
     "segment_log_softmax",
     "segment_logsumexp",
     "segment_max",
+    "segment_matmul",
     "segment_mean",
     "segment_min",
+    "segment_outer",
     "segment_prod",
     "segment_softmax",
     "segment_sum",
+    "take_rows",
     "unpad",
     "varlen_attention",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._forward import call
 from ._segment import _column, broadcast, segment_sum
 
 
@@ -41,6 +42,32 @@ def _reduce(values: Tensor, segments: Tensor, num_segments: int, largest: bool) 
     start = values.new_full((num_segments, *values.shape[1:]), identity(values.dtype, largest))
     reduce = "amax" if largest else "amin"
     return torch.scatter_reduce(start, 0, index, values, reduce, include_self=False)
+
+
+def _composite(values: Tensor, segments: Tensor, num_segments: int, largest: bool) -> Tensor:
+    """:func:`_reduce` as torch ops whose derivatives (of every order) are the Function's:
+    the mean of the tied rows' derivatives, zero for a NaN extremum (torch's
+    ``scatter_reduce`` gives NaN there). For ``torch.func`` transforms inside compiled
+    code (``_forward.call``), where torch's own rules apply instead of the Function's.
+
+    The value is exactly the extremum: a finite one plus a sum of exact zeros
+    (``detached - values`` on tied rows, subtracted, so that ``e - (+0)`` keeps the
+    sign of a zero ``e``); an infinite one as the mean of its tied rows (``inf - inf``
+    would be NaN).
+    """
+    detached = values.detach()
+    extremum = _reduce(detached, segments, num_segments, largest)
+    if not values.is_floating_point():
+        return extremum
+    hit = detached == broadcast(extremum, segments)
+    finite = torch.isfinite(detached)
+    zero = torch.zeros_like(values)
+    count = segment_sum(hit.to(values.dtype), segments, num_segments)
+    ties = torch.where(count > 0, count, torch.ones_like(count))
+    moved = segment_sum(torch.where(hit & finite, detached - values, zero), segments, num_segments)
+    spread = segment_sum(torch.where(hit & ~finite, values, zero), segments, num_segments)
+    infinite = torch.isinf(extremum) & (count > 0)  # not an empty segment's identity
+    return torch.where(infinite, spread / ties, extremum - moved / ties)
 
 
 def _first_hit(values: Tensor, segments: Tensor, num_segments: int, extremum: Tensor) -> Tensor:
@@ -80,6 +107,33 @@ class _SegmentExtremum(torch.autograd.Function):
         return broadcast(share, segments) * hit, None, None, None
 
 
+class _SegmentExtremumJvp(_SegmentExtremum):
+    """With the forward-mode rule: the mean tangent of the rows that tie (eager calls).
+
+    The transpose of the backward (``jacfwd == jacrev``), so a NaN extremum gets
+    a zero tangent and an empty segment too.
+    """
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _SegmentExtremum.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(inputs[0], inputs[1], output)
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, *_: None) -> Tensor:
+        values, segments, extremum = ctx.saved_tensors
+        hit = (values == broadcast(extremum, segments)).to(tangent.dtype)
+        ties = segment_sum(hit, segments, ctx.num_segments)
+        total = segment_sum(tangent * hit, segments, ctx.num_segments)
+        return total / torch.where(ties > 0, ties, torch.ones_like(ties))
+
+
+def _extremum(values: Tensor, segments: Tensor, num_segments: int, largest: bool) -> Tensor:
+    return call(
+        _SegmentExtremumJvp, _SegmentExtremum, _composite, values, segments, num_segments, largest
+    )
+
+
 def segment_amax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     """Largest row of each segment, ``[S, *rest]``; the identity for an empty segment.
 
@@ -93,12 +147,12 @@ def segment_amax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
         rows. Ties share the gradient evenly, as ``torch.amax``. One
         ``scatter_reduce`` forward; the backward recomputes the tie pattern.
     """
-    return _SegmentExtremum.apply(values, segments, num_segments, True)
+    return _extremum(values, segments, num_segments, True)
 
 
 def segment_amin(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     """Smallest row of each segment; +inf (or the dtype's maximum) for an empty one."""
-    return _SegmentExtremum.apply(values, segments, num_segments, False)
+    return _extremum(values, segments, num_segments, False)
 
 
 def segment_max(values: Tensor, segments: Tensor, num_segments: int) -> tuple[Tensor, Tensor]:

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._forward import refuse_compiled
+
 Impl = Callable[[Sequence[Tensor], str], Tensor]
 _IMPLS: dict[str, Impl] = {}
 
@@ -113,5 +115,10 @@ def host_planned(name: str, meta: str, tensors: Sequence[Tensor], shape: Sequenc
         meta: static arguments, encoded as a string by the caller.
         tensors: tensor arguments; the first sets the result's dtype and device.
         shape: the result's shape (symbolic sizes allowed).
+
+    Raises:
+        RaggedError: under forward-mode AD (a custom op has no forward-mode rule
+            here, and torch.func would otherwise give zero tangents through it).
     """
+    refuse_compiled(name, "ops that plan on the host run as one opaque custom op there")
     return _host_planned(name, meta, list(tensors), list(shape))

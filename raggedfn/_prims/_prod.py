@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._forward import call, refuse_compiled
 from ._segment import _column, broadcast, segment_sum
 
 
@@ -46,6 +47,21 @@ class _SegmentProd(torch.autograd.Function):
             None,
             None,
         )
+
+
+class _SegmentProdJvp(_SegmentProd):
+    """With the forward-mode rule ``sum(t * others)`` per segment (eager calls)."""
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _SegmentProd.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(inputs[0], inputs[1], output)
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, *_: None) -> Tensor:
+        values, segments, product = ctx.saved_tensors
+        others = _others(values, segments, ctx.num_segments, product)
+        return segment_sum(tangent * others, segments, ctx.num_segments)
 
 
 def _others(values: Tensor, segments: Tensor, num_segments: int, product: Tensor) -> Tensor:
@@ -92,4 +108,9 @@ def segment_prod(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     """
     if not (values.is_floating_point() or values.is_complex()):
         return _product(values, segments, num_segments)
-    return _SegmentProd.apply(values, segments, num_segments)
+    # torch 2.13 derives a zero forward derivative for scatter_reduce("prod"), and
+    # dynamo differentiates the Function's forward body inside compiled transforms
+    refuse_compiled(
+        "prod", "torch 2.13's scatter_reduce('prod') has a zero forward-mode derivative"
+    )
+    return call(_SegmentProdJvp, _SegmentProd, _product, values, segments, num_segments)

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._forward import call, forward_mode
+
 # Logits held at once per block of query rows (forward and backward): 16 MiB in float32.
 CHUNK_LOGITS = 1 << 22
 
@@ -33,7 +35,14 @@ def _rows(t: Tensor | None, lo: int, hi: int) -> Tensor | None:
     """Query rows ``lo:hi`` of a mask broadcastable to ``[..., N, M]`` (or of ``[..., N, D]``)."""
     if t is None or t.ndim < 2 or t.shape[-2] == 1:
         return t
-    return t[..., lo:hi, :]
+    return _block(t, lo, hi)
+
+
+def _block(t: Tensor, lo: int, hi: int) -> Tensor:
+    """Rows ``lo:hi`` of axis -2 (``narrow``: torch's legacy vmap, which gradcheck's
+    batched forward-mode check uses, has no rule for the ``alias`` that ``t[..., a:b, :]``
+    makes of a whole axis)."""
+    return t.narrow(-2, lo, min(hi, t.shape[-2]) - lo)
 
 
 def _logits(scaled_q: Tensor, k: Tensor, bias: Tensor | None, keep: Tensor | None) -> Tensor:
@@ -78,8 +87,10 @@ def _forward(
         hi = lo + step
         logits = _logits(scaled_q[..., lo:hi, :], k, _rows(bias, lo, hi), _rows(keep, lo, hi))
         lse = _finite_lse(logits)
-        # the forward of a Function is not recorded: reuse the logits buffer
-        probs = logits.sub_(lse).exp_()
+        if torch.compiler.is_compiling():  # transforms there differentiate this body
+            probs = torch.exp(logits - lse)
+        else:  # the forward of a Function is not recorded: reuse the logits buffer
+            probs = logits.sub_(lse).exp_()
         outs.append(torch.matmul(probs, v))
         lses.append(lse)
     if len(outs) == 1:
@@ -122,7 +133,7 @@ class _Attention(torch.autograd.Function):
         step = _query_block(q, k)
         scaled_q = q * scale
         # without create_graph nothing records this backward: reuse the [rows, M] buffers
-        in_place = not torch.is_grad_enabled()
+        in_place = not torch.is_grad_enabled() and not forward_mode()
         dqs: list[Tensor] = []
         dbiases: list[Tensor] = []
         dk: Tensor | None = None
@@ -177,6 +188,83 @@ class _Attention(torch.autograd.Function):
         return dq, dk, dv, dbias, None, None
 
 
+class _AttentionJvp(_Attention):
+    """With the forward-mode rule (eager calls; see ``_forward``).
+
+    With ``S`` the logits and ``P = exp(S - lse)``: ``dS = (dq k^T + q dk^T) * scale +
+    dbias``, ``dlse = rowsum(P dS)``, ``dout = (P (dS - dlse)) v + P dv``, one block of
+    query rows at a time like the forward (nothing ``[N, M]``-sized is kept).
+    """
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+        _Attention.setup_context(ctx, inputs, output)
+        q, k, v, bias, keep, _ = inputs
+        ctx.save_for_forward(q, k, v, bias, keep, output[1])
+
+    @staticmethod
+    def jvp(
+        ctx: Any,
+        dq: Tensor | None,
+        dk: Tensor | None,
+        dv: Tensor | None,
+        dbias: Tensor | None,
+        *_: None,
+    ) -> tuple[Tensor, Tensor]:
+        q, k, v, bias, keep, lse = ctx.saved_tensors
+        return _tangents(q, k, v, bias, keep, lse, ctx.scale, dq, dk, dv, dbias)
+
+
+def _tangents(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Tensor | None,
+    keep: Tensor | None,
+    lse: Tensor,
+    scale: float,
+    dq: Tensor | None,
+    dk: Tensor | None,
+    dv: Tensor | None,
+    dbias: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Tangents of ``(out, lse)`` given the input tangents (``None``: zero)."""
+    step = _query_block(q, k)
+    scaled_q = q * scale
+    outs, lses = [], []
+    for lo in range(0, max(q.shape[-2], 1), step):
+        hi = lo + step
+        q_rows = scaled_q[..., lo:hi, :]
+        logits = _logits(q_rows, k, _rows(bias, lo, hi), _rows(keep, lo, hi))
+        probs = torch.exp(logits - lse[..., lo:hi, :])
+        dlogits: Tensor | None = None
+        if dq is not None:
+            dlogits = torch.matmul(_block(dq, lo, hi) * scale, k.transpose(-1, -2))
+        if dk is not None:
+            part = torch.matmul(q_rows, dk.transpose(-1, -2))
+            dlogits = part if dlogits is None else dlogits + part
+        bias_rows = _rows(dbias, lo, hi)
+        if bias_rows is not None:
+            dlogits = bias_rows if dlogits is None else dlogits + bias_rows
+        out = None
+        if dlogits is None:
+            dlse = torch.zeros_like(lse[..., lo:hi, :])
+        else:  # masked logits have P = 0: their (finite) tangents do not count
+            weighted = probs * dlogits
+            dlse = weighted.sum(dim=-1, keepdim=True)
+            out = torch.matmul(weighted - probs * dlse, v)
+        if dv is not None:
+            part = torch.matmul(probs, dv)
+            out = part if out is None else out + part
+        if out is None:
+            out = torch.zeros_like(torch.matmul(probs, v))
+        outs.append(out)
+        lses.append(dlse)
+    if len(outs) == 1:
+        return outs[0], lses[0]
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-2)
+
+
 def _join(parts: list[Tensor], shape: torch.Size) -> Tensor:
     whole = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
     return _fit(whole, shape)
@@ -218,5 +306,5 @@ def scaled_dot_product_attention(
     """
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    out, _ = _Attention.apply(q, k, v, bias, keep, scale)
+    out, _ = call(_AttentionJvp, _Attention, _forward, q, k, v, bias, keep, scale)
     return out

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._forward import compiled_transform
+
 
 def _column(index: Tensor, values: Tensor) -> Tensor:
     """``index [T]`` viewed as ``[T, 1, ...]`` to broadcast against ``values``."""
@@ -32,6 +34,8 @@ def segment_sum(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     needs no custom rule.
     """
     zeros = values.new_zeros((num_segments, *values.shape[1:]))
+    if compiled_transform():  # see take_rows
+        return zeros.scatter_add(0, _column(segments, values).expand_as(values), values)
     return torch.index_add(zeros, 0, segments, values)
 
 
@@ -40,7 +44,22 @@ def broadcast(per_segment: Tensor, segments: Tensor) -> Tensor:
 
     The backward is :func:`segment_sum` (``index_select``'s rule is ``index_add``).
     """
-    return per_segment.index_select(0, segments)
+    return take_rows(per_segment, segments)
+
+
+def take_rows(values: Tensor, index: Tensor) -> Tensor:
+    """``values[index]`` along the leading axis: ``[S, *rest] -> [T, *rest]``.
+
+    ``index_select`` (the fastest row gather on CPU), except inside ``torch.func``
+    transforms or forward mode traced by ``torch.compile``: there inductor 2.13 gives
+    silently wrong results for the batched backward of ``index_select``
+    (``jacrev``/``vmap(grad)``) and fails on its forward derivatives (``jvp``:
+    an assertion in its CPU code generation; ``hessian``: a crash), while ``gather``
+    (and ``scatter_add`` for :func:`segment_sum`) compiles right.
+    """
+    if compiled_transform():
+        return values.gather(0, _column(index, values).expand(-1, *values.shape[1:]))
+    return values.index_select(0, index)
 
 
 def segment_counts(segments: Tensor, num_segments: int) -> Tensor:
@@ -101,7 +120,7 @@ def segment_cumsum(values: Tensor, starts: Tensor) -> Tensor:
     out_dtype = torch.int64 if _accumulator(values.dtype) == torch.int64 else values.dtype
     running = torch.cumsum(values.to(_accumulator(values.dtype)), 0)
     before = torch.cat([running.new_zeros((1, *running.shape[1:])), running[:-1]])
-    return (running - before.index_select(0, starts)).to(out_dtype)
+    return (running - take_rows(before, starts)).to(out_dtype)
 
 
 def pad(
@@ -139,4 +158,4 @@ def unpad(padded: Tensor, segments: Tensor, positions: Tensor) -> Tensor:
     """
     num_segments, max_length = padded.shape[0], padded.shape[1]
     flat = padded.reshape(num_segments * max_length, *padded.shape[2:])
-    return flat.index_select(0, segments * max_length + positions)
+    return take_rows(flat, segments * max_length + positions)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ._extrema import segment_amax
+from ._forward import call
 from ._segment import broadcast, segment_counts, segment_sum
 
 
@@ -64,6 +65,21 @@ class _SegmentSoftmax(torch.autograd.Function):
         return out * (grad - broadcast(inner, segments)), None, None
 
 
+class _SegmentSoftmaxJvp(_SegmentSoftmax):
+    """With the forward-mode rule ``y * (t - sum(t * y))`` (eager calls; see ``_forward``)."""
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _SegmentSoftmax.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(output, inputs[1])
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, *_: None) -> Tensor:
+        out, segments = ctx.saved_tensors
+        inner = segment_sum(tangent * out, segments, ctx.num_segments)
+        return out * (tangent - broadcast(inner, segments))
+
+
 class _SegmentLogSoftmax(torch.autograd.Function):
     generate_vmap_rule = True
 
@@ -84,6 +100,21 @@ class _SegmentLogSoftmax(torch.autograd.Function):
         return grad - torch.exp(out) * broadcast(total, segments), None, None
 
 
+class _SegmentLogSoftmaxJvp(_SegmentLogSoftmax):
+    """With the forward-mode rule ``t - sum(exp(y) * t)`` (eager calls)."""
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        _SegmentLogSoftmax.setup_context(ctx, inputs, output)
+        ctx.save_for_forward(output, inputs[1])
+
+    @staticmethod
+    def jvp(ctx: Any, tangent: Tensor, *_: None) -> Tensor:
+        out, segments = ctx.saved_tensors
+        total = segment_sum(torch.exp(out) * tangent, segments, ctx.num_segments)
+        return tangent - broadcast(total, segments)
+
+
 def segment_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     """Softmax over the rows of each segment, elementwise in the trailing axes.
 
@@ -95,12 +126,14 @@ def segment_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tens
     Returns:
         ``[T, *rest]``; an empty segment has no rows, so nothing to normalise.
     """
-    return _SegmentSoftmax.apply(values, segments, num_segments)
+    return call(_SegmentSoftmaxJvp, _SegmentSoftmax, _softmax, values, segments, num_segments)
 
 
 def segment_log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     """Log-softmax over the rows of each segment; see :func:`segment_softmax`."""
-    return _SegmentLogSoftmax.apply(values, segments, num_segments)
+    return call(
+        _SegmentLogSoftmaxJvp, _SegmentLogSoftmax, _log_softmax, values, segments, num_segments
+    )
 
 
 def segment_logsumexp(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:

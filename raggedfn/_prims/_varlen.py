@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .._errors import fail
+from ._forward import refuse_compiled
 
 
 def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -186,5 +187,7 @@ def varlen_attention(
 ) -> Tensor:
     """Per-sample SDPA on packed ``[T, H, D]`` tensors (sample ``b`` owns rows
     ``offsets[b]:offsets[b + 1]``); the output has the rows of ``q``. A sample with
-    no keys gives zeros."""
+    no keys gives zeros. Refuses forward-mode AD (``RaggedError``): the custom op has no
+    forward-mode rule."""
+    refuse_compiled("attention", "attention runs as one opaque custom op there")
     return _varlen(q, k, v, q_offsets, k_offsets, v_offsets, causal, scale)[0]

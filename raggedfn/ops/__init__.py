@@ -25,6 +25,7 @@ from ._elementwise import (
     sub,
     where,
 )
+from ._grouped import group_by, segment_matmul
 from ._nn import layer_norm, linear, rms_norm
 from ._products import einsum, matmul
 from ._reduce import (
@@ -77,6 +78,8 @@ __all__ = [
     "pow",
     "sub",
     "where",
+    "group_by",
+    "segment_matmul",
     "layer_norm",
     "linear",
     "rms_norm",

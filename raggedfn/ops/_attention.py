@@ -21,8 +21,10 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import _prims
+from .._axes import refuse_nested
 from .._errors import describe, fail, shape_text
 from .._layout import Layout
 from .._prims import scaled_dot_product_attention as lean_sdpa
@@ -35,6 +37,7 @@ __all__ = ["attention"]
 def _check_tokens(fn: str, name: str, x: object, num_ragged: int | None = None) -> Ragged:
     if not isinstance(x, Ragged):
         raise fail(fn, f"{name} must be a Ragged value, got {describe(x)}")
+    refuse_nested(fn, x)
     r = x.num_ragged
     if num_ragged is None and r not in (1, 2):
         raise fail(
@@ -271,6 +274,11 @@ def attention(
     """
     if torch.compiler.is_compiling():  # the plan runs inside one opaque graph node
         return _compiled(q, k, v, bias, key_padding, causal, scale)
+    tensors = [t.values if isinstance(t, Ragged) else t for t in (q, k, v, bias)]
+    if _prims.has_tangent(*(t for t in tensors if isinstance(t, Tensor))):
+        # torch's fused CPU kernels have no forward-mode derivative; the math path does
+        with sdpa_kernel(SDPBackend.MATH):
+            return _attention(q, k, v, bias, key_padding, causal, scale)
     return _attention(q, k, v, bias, key_padding, causal, scale)
 
 

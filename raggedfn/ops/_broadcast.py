@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from numbers import Number
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -27,10 +27,54 @@ from torch import Tensor
 from .._errors import describe, fail, shape_text
 from .._index import coordinates, offsets_of, segment_ids
 from .._layout import Layout
+from .._nested import ancestors, level_offsets, parents
+from .._prims import take_rows
 from .._ragged import Ragged
 from .._validate import is_tracing
 
 __all__ = ["broadcast_tensors"]
+
+
+class Partition(NamedTuple):
+    """The partition (and layout) of an elementwise result."""
+
+    offsets: Tensor
+    sizes: Tensor
+    layout: Layout
+    row_offsets: tuple[Tensor, ...] = ()
+
+    def build(self, values: Tensor) -> Ragged:
+        return Ragged(values, self.offsets, self.sizes, self.layout, self.row_offsets)
+
+
+def same_row_offsets(x: Ragged, y: Ragged) -> bool:
+    """Whether two values hold the very same nested partitions (none counts)."""
+    return len(x.row_offsets) == len(y.row_offsets) and all(
+        a is b for a, b in zip(x.row_offsets, y.row_offsets, strict=True)
+    )
+
+
+def _nested_prefix_rows(fn: str, op: Ragged, base: Ragged, index: int) -> Tensor:
+    """Rows of ``op`` for every row of the nested ``base``, when ``op``'s ragged axes are
+    the first levels of ``base``'s chain (sentence features against tokens): each row
+    of ``base`` takes the row of its ancestor on ``op``'s innermost level."""
+    levels = op.num_ragged
+    own = [p for p, a in enumerate(op.layout.axes) if a.ragged]
+    chain = [p for p, a in enumerate(base.layout.axes) if a.ragged]
+    if own != chain[:levels]:
+        raise fail(
+            fn,
+            f"operand {index} has ragged axes at logical axes {[p + 1 for p in own]} but the "
+            f"nested operand's levels are at {[p + 1 for p in chain]}; a Ragged operand must "
+            "hold the outermost levels of the nested one (size 1 along the inner levels)",
+        )
+    check_equal(fn, "sizes", op.sizes, base.sizes[:, :levels])
+    for k, parts in enumerate(op.row_offsets):
+        check_equal(fn, f"row_offsets[{k}]", parts, base.row_offsets[k])
+    level = level_offsets(base.sizes, base.row_offsets)[levels - 1]
+    check_equal(fn, "offsets", op.offsets, level)
+    owners = parents(base.sizes, base.row_offsets, base.values.shape[0])
+    return ancestors(owners, levels - 1)
 
 
 def check_equal(
@@ -99,8 +143,9 @@ def gather_rows(
         if k:
             size = x.sizes[:, k].index_select(0, segments)
             stride = size if stride is None else stride * size
-    # index_select: about 5x faster than advanced indexing on CPU for row gathers
-    return (x.values if values is None else values).index_select(0, row)
+    # index_select (about 5x faster than advanced indexing on CPU for row gathers) where
+    # inductor compiles it right: _prims.take_rows
+    return take_rows(x.values if values is None else values, row)
 
 
 def _sample_shape(op: Any) -> list[Any]:
@@ -109,8 +154,8 @@ def _sample_shape(op: Any) -> list[Any]:
     return [("r", a.index) if a.ragged else ("d", dense[a.index]) for a in op.layout.axes]
 
 
-def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, Layout]:
-    """Operands laid out like the result, plus the result's ``offsets``, ``sizes``, ``layout``.
+def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Partition]:
+    """Operands laid out like the result, plus the result's partition and layout.
 
     ``operands`` holds at least one ``Ragged``; the others may be Python numbers,
     0-d tensors, or dense tensors that broadcast against the logical shape
@@ -189,6 +234,19 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
                     "which do not broadcast",
                 )
     base = next((op for op in raggeds if sorted(ragged_positions(op.layout)) == ragged_at), None)
+    nested = next((op for op in raggeds if op.row_offsets), None)
+    if nested is not None:
+        base = raggeds[0]
+        for op in raggeds[1:]:  # the operand with the most levels (dynamo: no max(key=))
+            if op.num_ragged > base.num_ragged:
+                base = op
+        if base.num_ragged != len(ragged_at) or not base.row_offsets:
+            raise fail(
+                fn,
+                f"operands with nested ragged axes combine only with values holding their "
+                f"outermost levels (or size 1 there); got ragged logical axes "
+                f"{[p + 1 for p in ragged_at]} across operands",
+            )
     index: tuple[Tensor, list[Tensor]] | None = None
     owner_of: dict[int, Ragged] = {}
     if base is not None:
@@ -210,7 +268,7 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
     )
     segments: Tensor | None = None
     prepared: list[Any] = []
-    for op in operands:
+    for position, op in enumerate(operands):
         if isinstance(op, Ragged):
             own = ragged_positions(op.layout)
             # size-1 dense axes that broadcast against result ragged axes go first:
@@ -223,6 +281,15 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
                 if op is not base:
                     check_equal(fn, "sizes", op.sizes, sizes)
                     check_equal(fn, "offsets", op.offsets, offsets)
+                    if nested is not None and base is not None:
+                        if op.layout.num_nested != layout.num_nested:
+                            raise fail(
+                                fn,
+                                "operands have different partitions: one has nested ragged "
+                                "axes, the other rectangular ones",
+                            )
+                        for k, parts in enumerate(op.row_offsets):
+                            check_equal(fn, f"row_offsets[{k}]", parts, base.row_offsets[k])
                     if is_tracing(offsets):
                         # equal partitions have equal row counts: tell the tracer, so that
                         # a data-dependent count (from a product or a new ragged axis)
@@ -234,6 +301,10 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
                                 "counts values.shape[0] differ)"
                             ),
                         )
+            elif nested is not None:
+                assert base is not None
+                rows = _nested_prefix_rows(fn, op, base, position)
+                values = take_rows(values, rows)
             else:
                 for p, k in own.items():
                     same = op.sizes is sizes and k == result_k[p]
@@ -254,7 +325,7 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
             if t.shape[0] != 1:
                 if segments is None:
                     segments = index[0] if index is not None else segment_ids(offsets, total)
-                t = t.index_select(0, segments)
+                t = take_rows(t, segments)
             if result_k:
                 t = t.squeeze(tuple(1 + p for p in result_k))
             logical = sorted(dense_order)
@@ -264,7 +335,8 @@ def align(fn: str, operands: Sequence[Any]) -> tuple[list[Any], Tensor, Tensor, 
             prepared.append(t)
         else:
             prepared.append(op)
-    return prepared, offsets, sizes, layout
+    row_offsets = base.row_offsets if base is not None and nested is not None else ()
+    return prepared, Partition(offsets, sizes, layout, row_offsets)
 
 
 def broadcast_tensors(*xs: Any) -> tuple[Ragged, ...]:
@@ -293,11 +365,15 @@ def broadcast_tensors(*xs: Any) -> tuple[Ragged, ...]:
     fn = "broadcast_tensors"
     if not any(isinstance(x, Ragged) for x in xs):
         raise fail(fn, "needs at least one Ragged operand")
-    prepared, offsets, sizes, layout = align(fn, xs)
+    prepared, partition = align(fn, xs)
     dtype = next(x.dtype for x in xs if isinstance(x, Ragged))
     shape = torch.broadcast_shapes(*(p.shape if isinstance(p, Tensor) else () for p in prepared))
     out = []
     for p in prepared:
-        t = p if isinstance(p, Tensor) else torch.tensor(p, dtype=dtype, device=offsets.device)
-        out.append(Ragged(t.expand(shape), offsets, sizes, layout))
+        t = (
+            p
+            if isinstance(p, Tensor)
+            else torch.tensor(p, dtype=dtype, device=partition.offsets.device)
+        )
+        out.append(partition.build(t.expand(shape)))
     return tuple(out)

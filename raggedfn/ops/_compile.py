@@ -46,3 +46,5 @@ def mark_dynamic(*trees: Any) -> None:
             torch._dynamo.maybe_mark_dynamic(leaf.values, 0)
             torch._dynamo.maybe_mark_dynamic(leaf.offsets, 0)
             torch._dynamo.maybe_mark_dynamic(leaf.sizes, 0)
+            for parts in leaf.row_offsets:  # nested levels: their element counts vary too
+                torch._dynamo.maybe_mark_dynamic(parts, 0)

@@ -23,8 +23,8 @@ from torch import Tensor
 
 from .._errors import describe, fail, require_ordered, shape_text
 from .._layout import Axis, Layout
-from .._ragged import Ragged
-from ._broadcast import align
+from .._ragged import Ragged, like
+from ._broadcast import align, same_row_offsets
 from ._shape import dense_in_logical_order, reorder_dense
 
 __all__ = [
@@ -54,9 +54,9 @@ def _binary(fn: str, op: Callable[[Any, Any], Any], x: Any, y: Any) -> Any:
         raise fail(fn, f"needs a Ragged or tensor operand, got {describe(x)} and {describe(y)}")
     # fast paths (no alignment needed): a number, or the same partition and storage
     if isinstance(x, Ragged) and isinstance(y, (int, float, bool)):
-        return Ragged(op(x.values, y), x.offsets, x.sizes, x.layout)
+        return like(x, op(x.values, y))
     if isinstance(y, Ragged) and isinstance(x, (int, float, bool)):
-        return Ragged(op(x, y.values), y.offsets, y.sizes, y.layout)
+        return like(y, op(x, y.values))
     if (
         isinstance(x, Ragged)
         and isinstance(y, Ragged)
@@ -64,10 +64,11 @@ def _binary(fn: str, op: Callable[[Any, Any], Any], x: Any, y: Any) -> Any:
         and x.sizes is y.sizes
         and x.layout == y.layout
         and x.values.shape == y.values.shape
+        and same_row_offsets(x, y)
     ):
-        return Ragged(op(x.values, y.values), x.offsets, x.sizes, x.layout)
-    (a, b), offsets, sizes, layout = align(fn, [x, y])
-    return Ragged(op(a, b), offsets, sizes, layout)
+        return like(x, op(x.values, y.values))
+    (a, b), partition = align(fn, [x, y])
+    return partition.build(op(a, b))
 
 
 def _ordered(fn: str, x: Any, y: Any) -> None:
@@ -84,7 +85,7 @@ def _unary(fn: str, op: Callable[[Tensor], Tensor], x: Any) -> Any:
         return op(x)
     if not isinstance(x, Ragged):
         raise fail(fn, f"x must be a Ragged value or a tensor, got {describe(x)}")
-    return Ragged(op(x.values), x.offsets, x.sizes, x.layout)
+    return like(x, op(x.values))
 
 
 def add(x: Any, y: Any) -> Any:
@@ -465,8 +466,8 @@ def where(condition: Any, x: Any, y: Any) -> Ragged:
         raise fail(fn, f"condition must be a bool Ragged value or tensor, got {got}")
     if not any(isinstance(v, Ragged) for v in (condition, x, y)):
         raise fail(fn, "needs at least one Ragged operand; use torch.where for dense tensors")
-    (c, a, b), offsets, sizes, layout = align(fn, [condition, x, y])
-    return Ragged(torch.where(c, a, b), offsets, sizes, layout)
+    (c, a, b), partition = align(fn, [condition, x, y])
+    return partition.build(torch.where(c, a, b))
 
 
 def apply(fn: Callable[..., Tensor], x: Ragged, *args: Any, **kwargs: Any) -> Ragged:
@@ -523,4 +524,4 @@ def apply(fn: Callable[..., Tensor], x: Ragged, *args: Any, **kwargs: Any) -> Ra
             )
         ragged = [a for a in layout.axes if a.ragged]
         layout = Layout(tuple(ragged) + tuple(Axis(False, j) for j in range(out.ndim - 1)))
-    return Ragged(out, x.offsets, x.sizes, layout)
+    return like(x, out, layout)

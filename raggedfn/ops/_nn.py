@@ -16,7 +16,7 @@ from torch import Tensor
 from .._axes import logical_shape_text
 from .._errors import describe, fail, shape_text
 from .._layout import Layout
-from .._ragged import Ragged
+from .._ragged import Ragged, like
 from ._shape import trailing_dense
 
 __all__ = ["layer_norm", "linear", "rms_norm"]
@@ -65,7 +65,7 @@ def linear(x: Ragged, weight: Tensor, bias: Tensor | None = None) -> Ragged:
     values, layout = trailing_dense(x, 1, fn)
     _check_param(fn, "weight", x, weight, (weight.shape[0], values.shape[-1]))
     _check_param(fn, "bias", x, bias, (weight.shape[0],))
-    return Ragged(F.linear(values, weight, bias), x.offsets, x.sizes, layout)
+    return like(x, F.linear(values, weight, bias), layout)
 
 
 def _normalized(fn: str, x: Ragged, normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
@@ -135,7 +135,7 @@ def layer_norm(
     _check_param(fn, "weight", x, weight, shape)
     _check_param(fn, "bias", x, bias, shape)
     out = F.layer_norm(values, shape, weight, bias, eps)
-    return Ragged(out, x.offsets, x.sizes, layout)
+    return like(x, out, layout)
 
 
 def rms_norm(
@@ -171,4 +171,4 @@ def rms_norm(
     values, layout = _norm_values(fn, x, shape)
     _check_param(fn, "weight", x, weight, shape)
     out = F.rms_norm(values, shape, weight, eps)
-    return Ragged(out, x.offsets, x.sizes, layout)
+    return like(x, out, layout)

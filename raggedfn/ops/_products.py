@@ -20,11 +20,11 @@ import torch
 from torch import Tensor
 
 from .. import _prims
-from .._axes import logical_shape_text
+from .._axes import logical_shape_text, refuse_nested
 from .._errors import describe, fail, shape_text
 from .._index import offsets_of
 from .._layout import Layout
-from .._ragged import Ragged
+from .._ragged import Ragged, like
 from . import _bucket
 
 __all__ = ["einsum", "matmul"]
@@ -208,7 +208,12 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
         x = operands[n]
         assert isinstance(x, Ragged)
         if out_symbols == symbols_of[n]:
+            if x.row_offsets:  # the nested levels ride along too
+                out_layout = Layout.from_ragged_positions(len(rhs) - 1, out_positions, True)
             return _packed(equation, operands, inputs, rhs, n, out_layout)
+    for op in operands:
+        if isinstance(op, Ragged):
+            refuse_nested(fn, op, "products that combine or contract nested ragged axes")
 
     spec = _Spec(inputs, rhs, symbols_of, batched_dense, out_symbols, out_layout)
     if torch.compiler.is_compiling():  # the bucket plan runs inside one opaque graph node
@@ -408,7 +413,7 @@ def _packed(
     subs = [x_sub if m == n else s for m, s in enumerate(inputs)]
     args = [x.values if m == n else op for m, op in enumerate(operands)]
     values = torch.einsum(",".join(subs) + "->" + out_sub, *args)
-    return Ragged(values, x.offsets, x.sizes, out_layout)
+    return like(x, values, out_layout)
 
 
 def _matmul_subscripts(fn: str, rank_a: int, rank_b: int) -> tuple[str, str, str]:

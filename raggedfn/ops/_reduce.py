@@ -230,7 +230,9 @@ def prod(
     return finish(x, p, apply(p, values, dense, segment), keepdim)
 
 
-def _moment(fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool) -> Result:
+def _moment(
+    fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool, root: bool = False
+) -> Result:
     x = require_ragged(x, fn)
     _require_float(fn, x)
     axes = reduced_axes(x, dim, fn)
@@ -242,7 +244,7 @@ def _moment(fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool) -> R
         mean = _safe_divide(total, count)
         centered = flat - mean
         squares = (centered * centered.conj()).real.sum(0, keepdim=True)
-        return full_result(x, _variance(squares, count, correction).reshape(()), keepdim)
+        return full_result(x, _variance(squares, count, correction, root).reshape(()), keepdim)
     p = plan(x, axes)
     per_row = _size(values, p.dense_dims)
     total = apply(p, values, _sum_op, _segment_sum)
@@ -253,7 +255,7 @@ def _moment(fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool) -> R
     mean = _safe_divide(total, count)
     centered = values - (mean if p.segments is None else broadcast(mean, p.segments))
     squares = apply(p, (centered * centered.conj()).real, _sum_op, _segment_sum)
-    return finish(x, p, _variance(squares, count, correction), keepdim)
+    return finish(x, p, _variance(squares, count, correction, root), keepdim)
 
 
 def _safe_divide(total: Tensor, count: Tensor) -> Tensor:
@@ -261,12 +263,15 @@ def _safe_divide(total: Tensor, count: Tensor) -> Tensor:
     return total / torch.where(count > 0, count, torch.ones_like(count))
 
 
-def _variance(squares: Tensor, count: Tensor, correction: float) -> Tensor:
-    """``squares / (count - correction)``; NaN (0/0) or inf where that is <= 0, as torch,
-    but as a constant there so that the gradient is 0 instead of NaN."""
+def _variance(squares: Tensor, count: Tensor, correction: float, root: bool = False) -> Tensor:
+    """``squares / (count - correction)`` (its square root with ``root``); NaN (0/0) or inf
+    where that is <= 0, as torch, but as a constant there so that the gradient is 0
+    instead of NaN."""
     dof = count - correction
     positive = dof > 0
     quotient = squares / torch.where(positive, dof, torch.ones_like(dof))
+    if root:  # behind the where too: a forward-mode tangent there is 0, not 0 / sqrt(NaN)
+        quotient = torch.sqrt(torch.where(positive, quotient, torch.ones_like(quotient)))
     undefined = torch.where(squares.detach() > 0, float("inf"), float("nan")).to(quotient.dtype)
     return torch.where(positive, quotient, undefined)
 
@@ -321,7 +326,7 @@ def std(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = Fa
         >>> raggedfn.std(x, 1, correction=0)
         tensor([1., 0.])
     """
-    return map_result(_moment("std", x, dim, correction, keepdim), torch.sqrt)
+    return _moment("std", x, dim, correction, keepdim, root=True)
 
 
 def _logical(fn: str, x: Ragged, dim: Dim, keepdim: bool, every: bool) -> Result:

@@ -10,6 +10,7 @@ from torch import Tensor
 from .._axes import normalize_axis
 from .._errors import fail, require_ordered
 from .._index import coordinates
+from .._nested import row_positions
 from .._prims import identity, segment_amax, segment_amin, segment_max, segment_min
 from .._ragged import Ragged
 from ._reduce_plan import (
@@ -139,10 +140,13 @@ def _arg(fn: str, x: Ragged, dim: int | None, keepdim: bool, largest: bool) -> R
     prim = segment_max if largest else segment_min
     with torch.no_grad():
         rows = prim(values.detach(), p.segments, p.num_segments)[1]
-        _, coords = coordinates(x.offsets, x.sizes, values.shape[0])
-        # Row T of the extended coordinate is the -1 of an empty sample.
         total = values.shape[0]
-        extended = torch.cat([coords[index], coords[index].new_full((1,), -1)])
+        if x.row_offsets:
+            along = row_positions(x.sizes, x.row_offsets, total, index)
+        else:
+            along = coordinates(x.offsets, x.sizes, total)[1][index]
+        # Row T of the extended coordinate is the -1 of an empty sample.
+        extended = torch.cat([along, along.new_full((1,), -1)])
         arg = extended[torch.where(rows < 0, total, rows)]
     return finish(x, p, arg, keepdim)
 

@@ -19,7 +19,9 @@ from .._axes import normalize_axes
 from .._errors import describe, fail
 from .._index import reduced_rows
 from .._layout import Axis, Layout
-from .._ragged import Ragged
+from .._nested import partition_from_lengths, reduced_levels
+from .._prims import segment_counts
+from .._ragged import Ragged, like
 
 
 class Plan(NamedTuple):
@@ -28,8 +30,8 @@ class Plan(NamedTuple):
     ``axes``: the reduced logical axes (>= 1, sorted); ``dense_dims``: their
     ``values`` axes; ``segments``/``num_segments``/``counts``: output row of each
     packed row, number of output rows and packed rows per output row (``None``
-    when no ragged axis is reduced); ``offsets``/``sizes``: the output partition
-    when ragged axes are left (else ``None``).
+    when no ragged axis is reduced); ``offsets``/``sizes``/``row_offsets``: the
+    output partition when ragged axes are left (else ``None``).
     """
 
     axes: tuple[int, ...]
@@ -39,6 +41,7 @@ class Plan(NamedTuple):
     counts: Tensor | None
     offsets: Tensor | None
     sizes: Tensor | None
+    row_offsets: tuple[Tensor, ...] = ()
 
 
 def require_ragged(x: Any, fn: str) -> Ragged:
@@ -85,11 +88,25 @@ def plan(x: Ragged, axes: tuple[int, ...]) -> Plan:
     dense_dims = tuple(1 + index for ragged, index in chosen if not ragged)
     ragged = tuple(sorted(index for is_ragged, index in chosen if is_ragged))
     if not ragged:
-        return Plan(axes, dense_dims, None, 0, None, None, None)
+        return Plan(axes, dense_dims, None, 0, None, None, None, x.row_offsets)
+    if x.row_offsets:
+        return _nested_plan(x, axes, dense_dims, ragged)
     segments, num_segments, counts, offsets, sizes = reduced_rows(
         x.offsets, x.sizes, x.values.shape[0], ragged
     )
     return Plan(axes, dense_dims, segments, num_segments, counts, offsets, sizes)
+
+
+def _nested_plan(
+    x: Ragged, axes: tuple[int, ...], dense_dims: tuple[int, ...], ragged: tuple[int, ...]
+) -> Plan:
+    """Reducing nested axes: inner levels only (no sync) or aligned outer levels."""
+    segments, num, kept = reduced_levels(x.sizes, x.row_offsets, x.values.shape[0], ragged)
+    counts = segment_counts(segments, num)
+    if not kept:
+        return Plan(axes, dense_dims, segments, num, counts, None, None)
+    offsets, sizes, row_offsets = partition_from_lengths(kept)
+    return Plan(axes, dense_dims, segments, num, counts, offsets, sizes, row_offsets)
 
 
 def apply(
@@ -122,11 +139,13 @@ def finish(x: Ragged, p: Plan, values: Tensor, keepdim: bool) -> Ragged | Tensor
     axes: list[Axis] = []
     next_ragged = 0
     added = 0
+    nested = x.layout.num_nested > 0
     for position, (ragged, index) in enumerate(layout):
         removed = position + 1 in p.axes
         if ragged and not removed:
-            # Kept ragged axes keep their storage (k) order.
-            axes.append(Axis(True, index - sum(1 for k in reduced_ragged if k < index)))
+            # Kept ragged axes keep their storage (k) order (a nested chain stays one).
+            new = index - sum(1 for k in reduced_ragged if k < index)
+            axes.append(Axis(True, new, nested and new > 0))
             next_ragged += 1
         elif ragged and keepdim:
             axes.append(Axis(False, num_dense + added))
@@ -140,9 +159,10 @@ def finish(x: Ragged, p: Plan, values: Tensor, keepdim: bool) -> Ragged | Tensor
         values = values.squeeze(tuple(1 + j for j in dropped))
     if next_ragged == 0:
         return values.permute(0, *(1 + a.index for a in axes))
-    offsets = x.offsets if p.offsets is None else p.offsets
-    sizes = x.sizes if p.sizes is None else p.sizes
-    return Ragged(values, offsets, sizes, Layout(tuple(axes)))
+    if p.offsets is None:
+        return Ragged(values, x.offsets, x.sizes, Layout(tuple(axes)), x.row_offsets)
+    assert p.sizes is not None
+    return Ragged(values, p.offsets, p.sizes, Layout(tuple(axes)), p.row_offsets)
 
 
 def full_result(x: Ragged, value: Tensor, keepdim: bool) -> Tensor:
@@ -153,7 +173,7 @@ def full_result(x: Ragged, value: Tensor, keepdim: bool) -> Tensor:
 def map_result(result: Ragged | Tensor, fn: Callable[[Tensor], Tensor]) -> Ragged | Tensor:
     """Apply an elementwise ``fn`` to a reduction result (its values if Ragged)."""
     if isinstance(result, Ragged):
-        return Ragged(fn(result.values), result.offsets, result.sizes, result.layout)
+        return like(result, fn(result.values))
     return fn(result)
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from .._axes import normalize_axis
 from .._index import line_major_rows, line_starts, segment_ids
-from .._prims import segment_cumsum
+from .._prims import segment_cumsum, take_rows
 from .._ragged import Ragged
 from ._reduce_plan import require_ragged, static_axes
+from ._softmax import line_segments
 
 __all__ = ["cumsum"]
 
@@ -44,6 +46,8 @@ def cumsum(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
     if not ragged:
         return x.with_values(torch.cumsum(values, 1 + index))
     total = values.shape[0]
+    if x.row_offsets:
+        return x.with_values(_nested_cumsum(x, values, index))
     if x.layout.num_ragged == 1:
         starts = x.offsets.index_select(0, segment_ids(x.offsets, total))
         return x.with_values(segment_cumsum(values, starts))
@@ -55,5 +59,25 @@ def cumsum(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
     rows = torch.arange(total, device=values.device)
     source = torch.zeros_like(rows).index_copy(0, destination, rows)
     moved_starts = torch.zeros_like(rows).index_copy(0, destination, destination - positions)
-    moved = segment_cumsum(values.index_select(0, source), moved_starts)
-    return x.with_values(moved.index_select(0, destination))
+    moved = segment_cumsum(take_rows(values, source), moved_starts)
+    return x.with_values(take_rows(moved, destination))
+
+
+def _nested_cumsum(x: Ragged, values: Tensor, axis: int) -> Tensor:
+    """Running sums along nested axis ``axis``: within each element of the axis above
+    (innermost axis: consecutive rows), or along aligned positions (outer axes:
+    the lines are gathered together by a stable sort, accumulated and put back)."""
+    total = values.shape[0]
+    lines, _ = line_segments(x, axis)
+    rows = torch.arange(total, device=values.device)
+    if axis == x.num_ragged - 1:  # each line is the consecutive rows of one element
+        starts = x.row_offsets[-1].index_select(0, lines)
+        return segment_cumsum(values, starts)
+    order = torch.sort(lines, stable=True).indices  # lines together, in packed order
+    grouped = lines.index_select(0, order)
+    first = torch.ones_like(grouped, dtype=torch.bool)
+    first[1:] = grouped[1:] != grouped[:-1]
+    starts = torch.cummax(torch.where(first, rows, torch.zeros_like(rows)), 0).values
+    moved = segment_cumsum(take_rows(values, order), starts)
+    inverse = torch.empty_like(order).scatter_(0, order, rows)
+    return take_rows(moved, inverse)

@@ -16,11 +16,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._axes import normalize_axis, sample_axis, values_dim
+from .._axes import innermost_nested, normalize_axis, refuse_nested, sample_axis, values_dim
 from .._errors import describe, fail, require_ordered, shape_text
-from .._index import coordinates, lengths_of, offsets_of, segment_ids
+from .._index import coordinates, gather_ranges, lengths_of, offsets_of, segment_ids
 from .._layout import Axis, Layout
-from .._ragged import Ragged
+from .._nested import level_offsets, parents, reduced_levels, row_positions
+from .._ragged import Ragged, like
 from .._validate import is_tracing
 from ._broadcast import check_equal
 from ._pairs import pairs
@@ -99,13 +100,16 @@ def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
             raise fail(fn, f"{name} must be an int, got {describe(value)}")
     if length < 0:
         raise fail(fn, f"length must be >= 0, got {length}")
+    innermost_nested(fn, x, axis, dim)
     if not axis.ragged:
         size = x.values.shape[values_dim(axis)]
         if not -size <= start <= size:
             raise fail(fn, f"start {start} is out of range for dense axis {dim} of size {size}")
         begin = start % size if start < 0 else start
         values = x.values.narrow(values_dim(axis), begin, min(length, size - begin))
-        return Ragged(values, x.offsets, x.sizes, x.layout)
+        return like(x, values)
+    if x.row_offsets:
+        return _narrow_innermost(x, start, length)
     k = axis.index
     extent = x.sizes[:, k]
     begins = (extent + start).clamp(min=0) if start < 0 else torch.full_like(extent, start)
@@ -116,6 +120,20 @@ def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
     coords = list(coords)
     coords[k] = coords[k] + begins[segments]
     return Ragged(x.values[_rows(x, segments, coords)], offsets, sizes, x.layout)
+
+
+def _narrow_innermost(x: Ragged, start: int, length: int) -> Ragged:
+    """:func:`narrow` along the innermost nested axis: within every element above it."""
+    parts = x.row_offsets[-1]
+    extent = lengths_of(parts)
+    begins = (extent + start).clamp(min=0) if start < 0 else torch.full_like(extent, start)
+    kept = (extent - begins).clamp(min=0, max=length)
+    source, new_parts = gather_ranges(parts[:-1] + begins, kept)
+    row_offsets = (*x.row_offsets[:-1], new_parts)
+    levels = level_offsets(x.sizes, row_offsets)
+    sizes = x.sizes.clone()
+    sizes[:, -1] = lengths_of(levels[-1])
+    return Ragged(x.values[source], levels[-1], sizes, x.layout, row_offsets)
 
 
 def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
@@ -157,6 +175,10 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
                 f"Layout({first.layout.code!r}) like xs[0]",
             )
     dim = normalize_axis(first, dim, fn)
+    if first.row_offsets and dim == 0:
+        return _cat_nested_batches(xs)
+    for x in xs:
+        refuse_nested(fn, x, "values with nested ragged axes along an axis other than 0")
     if dim == 0:
         for n, x in enumerate(xs[1:], 1):
             if x.values.shape[1:] != first.values.shape[1:]:
@@ -238,6 +260,8 @@ def _check_bounds(fn: str, dim: int, idx: Tensor, limit: Tensor, segments: Tenso
 def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Ragged:
     x = _require(fn, "x", x)
     index = _require(fn, "index", index)
+    refuse_nested(fn, x)
+    refuse_nested(fn, index)
     axis = sample_axis(x, dim, fn)
     if index.dtype != torch.int64:
         raise fail(fn, f"index must be an int64 Ragged value, got dtype {index.dtype}")
@@ -397,6 +421,8 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     fn = "masked_select"
     x = _require(fn, "x", x)
     mask = _require(fn, "mask", mask)
+    refuse_nested(fn, x)
+    refuse_nested(fn, mask)
     if mask.dtype != torch.bool:
         raise fail(fn, f"mask must be a boolean Ragged value, got dtype {mask.dtype}")
     if mask.batch_size != x.batch_size:
@@ -443,12 +469,19 @@ def _sort(fn: str, x: Ragged, dim: int, descending: bool) -> tuple[Ragged, Ragge
     total = x.values.shape[0]
     dense = x.values.shape[1:]
     flat = x.values.reshape(total, math.prod(dense))
-    segments, coords = coordinates(x.offsets, x.sizes, total)
-    stride = torch.ones_like(segments)
-    for k in range(x.num_ragged - 1, axis.index, -1):
-        stride = stride * x.sizes[segments, k]
-    along = coords[axis.index]
-    line = torch.arange(total, device=x.device) - along * stride  # first row of each line
+    if x.row_offsets:
+        if axis.index == x.num_ragged - 1:  # a line: the rows of one element above
+            line = parents(x.sizes, x.row_offsets, total)[-1]
+        else:  # an outer axis: the rows at one aligned position of the levels below
+            line, _, _ = reduced_levels(x.sizes, x.row_offsets, total, (axis.index,), False)
+        along = row_positions(x.sizes, x.row_offsets, total, axis.index)
+    else:
+        segments, coords = coordinates(x.offsets, x.sizes, total)
+        stride = torch.ones_like(segments)
+        for k in range(x.num_ragged - 1, axis.index, -1):
+            stride = stride * x.sizes[segments, k]
+        along = coords[axis.index]
+        line = torch.arange(total, device=x.device) - along * stride  # first row of each line
     _, by_value = torch.sort(flat.detach(), dim=0, descending=descending, stable=True)
     _, by_line = torch.sort(line[by_value], dim=0, stable=True)
     source = by_value.gather(0, by_line)  # rows grouped by line, sorted inside each
@@ -472,7 +505,9 @@ def sort(x: Ragged, dim: int = -1, descending: bool = False) -> tuple[Ragged, Ra
     Returns:
         ``(values, indices)``, both with the partition and layout of ``x``;
         indices are positions along ``dim`` inside each sample (ties keep their
-        order; NaN sorts as the largest value, as in torch).
+        order; NaN sorts as the largest value, as in torch). Along an outer
+        nested axis every aligned line (the elements with one position on the
+        levels below) is sorted and indices are coordinates along ``dim``.
 
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
@@ -556,5 +591,35 @@ def topk(
         raise fail(
             fn, f"k = {k} exceeds dense axis {dim} of size {x.values.shape[values_dim(axis)]}"
         )
+    innermost_nested(fn, x, axis, dim)
     values, indices = _sort(fn, x, dim, descending=largest)
     return narrow(values, dim, 0, k), narrow(indices, dim, 0, k)
+
+
+def _cat_nested_batches(xs: Sequence[Ragged]) -> Ragged:
+    """``cat(xs, 0)`` of nested values: the samples of all, every level's partition joined."""
+    first = xs[0]
+    for n, x in enumerate(xs[1:], 1):
+        if x.values.shape[1:] != first.values.shape[1:]:
+            raise fail(
+                "cat",
+                f"xs[{n}] has logical shape {shape_text(x.shape)}, expected the dense sizes of "
+                f"{shape_text(first.shape)}",
+            )
+
+    def joined(partitions: list[Tensor]) -> Tensor:
+        # each partition shifted by the elements of the ones before it
+        shifts = offsets_of(torch.stack([p[-1] for p in partitions]))[:-1]
+        parts = [p[:-1] + shift for p, shift in zip(partitions, shifts, strict=True)]
+        return torch.cat([*parts, (partitions[-1][-1] + shifts[-1]).reshape(1)])
+
+    row_offsets = tuple(
+        joined([x.row_offsets[k] for x in xs]) for k in range(first.layout.num_nested)
+    )
+    return Ragged(
+        torch.cat([x.values for x in xs]),
+        joined([x.offsets for x in xs]),
+        torch.cat([x.sizes for x in xs]),
+        first.layout,
+        row_offsets,
+    )

@@ -14,7 +14,8 @@ from torch import Tensor
 from .._axes import logical_shape_text, normalize_axes, normalize_axis
 from .._errors import describe, fail
 from .._layout import Axis, Layout
-from .._ragged import Ragged
+from .._ragged import Ragged, like
+from ._nested_shape import flatten_levels, unflatten_level
 
 __all__ = [
     "contiguous",
@@ -111,7 +112,7 @@ def transpose(x: Ragged, dim0: int, dim1: int) -> Ragged:
     b = normalize_axis(x, dim1, fn, allow_batch=False) - 1
     axes = list(x.layout.axes)
     axes[a], axes[b] = axes[b], axes[a]
-    return Ragged(x.values, x.offsets, x.sizes, Layout(tuple(axes)))
+    return like(x, x.values, Layout(tuple(axes)))
 
 
 def permute(x: Ragged, dims: Sequence[int]) -> Ragged:
@@ -150,7 +151,7 @@ def permute(x: Ragged, dims: Sequence[int]) -> Ragged:
     if normal[0] != 0:
         raise fail(fn, f"dims {tuple(dims)} must keep the batch axis 0 first")
     axes = tuple(x.layout.axes[d - 1] for d in normal[1:])
-    return Ragged(x.values, x.offsets, x.sizes, Layout(axes))
+    return like(x, x.values, Layout(axes))
 
 
 def unsqueeze(x: Ragged, dim: int) -> Ragged:
@@ -191,7 +192,7 @@ def unsqueeze(x: Ragged, dim: int) -> Ragged:
     new = Axis(False, x.layout.num_dense)
     axes = list(x.layout.axes)
     axes.insert(dim - 1, new)
-    return Ragged(x.values.unsqueeze(-1), x.offsets, x.sizes, Layout(tuple(axes)))
+    return like(x, x.values.unsqueeze(-1), Layout(tuple(axes)))
 
 
 def squeeze(x: Ragged, dim: int | Sequence[int] | None = None) -> Ragged:
@@ -245,24 +246,28 @@ def squeeze(x: Ragged, dim: int | Sequence[int] | None = None) -> Ragged:
         for p, a in enumerate(x.layout.axes)
         if p not in targets
     )
-    return Ragged(values, x.offsets, x.sizes, Layout(axes))
+    return like(x, values, Layout(axes))
 
 
 # ----- ops that regroup dense axes ---------------------------------------------------
 
 
 def flatten(x: Ragged, start_dim: int = 1, end_dim: int = -1) -> Ragged:
-    """Merge logical axes ``start_dim..end_dim`` (all dense) into one.
+    """Merge logical axes ``start_dim..end_dim`` (all dense, or all nested ragged) into one.
 
-    Data moves only when those axes are not adjacent, in logical order, in storage.
+    Dense axes: data moves only when they are not adjacent, in logical order, in
+    storage. Consecutive nested ragged axes join into one ragged axis whose size
+    is the sum of the inner sizes (``flatten(x, 1, 2)`` of documents of sentences
+    ``(B, S*, L*, D)`` gives the tokens of each document ``(B, T*, D)``); only the
+    partitions change.
 
     Args:
         x: a ``Ragged`` value.
-        start_dim: first logical axis to merge (dense axes only).
+        start_dim: first logical axis to merge.
         end_dim: last logical axis to merge (inclusive).
 
     Returns:
-        ``Ragged`` with one dense axis in place of the merged ones.
+        ``Ragged`` with one axis in place of the merged ones.
 
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value; ``start_dim`` or ``end_dim`` is out of
@@ -273,6 +278,10 @@ def flatten(x: Ragged, start_dim: int = 1, end_dim: int = -1) -> Ragged:
         >>> x = raggedfn.from_list([torch.zeros(2, 3, 4)])
         >>> raggedfn.flatten(x, 2, 3).shape
         (1, None, 12)
+        >>> docs = raggedfn.from_nested_lengths(torch.zeros(5, 8), [[2, 1], [1, 2, 2]])
+        >>> tokens = raggedfn.flatten(docs, 1, 2)
+        >>> tokens.shape, tokens.lengths.tolist()
+        ((2, None, 8), [3, 2])
     """
     fn = "flatten"
     _require_ragged(fn, x)
@@ -283,12 +292,14 @@ def flatten(x: Ragged, start_dim: int = 1, end_dim: int = -1) -> Ragged:
     if start == end:
         return x
     group = x.layout.axes[start : end + 1]
+    if x.row_offsets and any(a.ragged for a in group):
+        return flatten_levels(fn, x, start, end)
     for p, a in enumerate(group):
         if a.ragged:
             raise fail(
                 fn,
                 f"axis {start + p + 1} is ragged (logical shape {logical_shape_text(x)}); "
-                "only dense axes can be flattened",
+                "only dense axes (or consecutive nested ragged axes) can be flattened",
             )
     members = [a.index for a in group]
     first = min(members)
@@ -308,7 +319,7 @@ def flatten(x: Ragged, start_dim: int = 1, end_dim: int = -1) -> Ragged:
             axes.append(Axis(False, a.index - count + 1))
         else:
             axes.append(a)
-    return Ragged(values, x.offsets, x.sizes, Layout(tuple(axes)))
+    return like(x, values, Layout(tuple(axes)))
 
 
 def _resolve(fn: str, sizes: Sequence[int], numel: int, what: str) -> list[int]:
@@ -329,16 +340,24 @@ def _resolve(fn: str, sizes: Sequence[int], numel: int, what: str) -> list[int]:
     return sizes
 
 
-def unflatten(x: Ragged, dim: int, sizes: Sequence[int]) -> Ragged:
-    """Split dense logical axis ``dim`` into ``sizes`` (one entry may be -1); a view.
+def unflatten(x: Ragged, dim: int, sizes: Sequence[int] | Ragged) -> Ragged:
+    """Split logical axis ``dim`` into ``sizes``; a view (no data moves).
+
+    A dense axis splits into dense axes of the given sizes (one may be -1). A
+    ragged axis splits into two nested ones with per-row lengths: ``sizes`` is
+    then an integer ``Ragged`` holding the new outer level, e.g. the sentence
+    lengths ``(B, S*)`` of a token batch ``(B, T*, D)``, whose rows add up to
+    each sample's tokens; this reverses ``flatten`` of two nested axes.
 
     Args:
         x: a ``Ragged`` value.
-        dim: a dense logical axis.
-        sizes: the new axes' sizes; their product must equal the axis size.
+        dim: the logical axis to split.
+        sizes: the new dense axes' sizes (their product must equal the axis
+            size), or, for a ragged axis, the lengths ``Ragged`` (its ragged axes
+            are those of ``x`` above ``dim`` plus the new level).
 
     Returns:
-        ``Ragged`` with ``len(sizes)`` dense axes in place of ``dim``.
+        ``Ragged`` with the new axes in place of ``dim``.
 
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
@@ -350,16 +369,24 @@ def unflatten(x: Ragged, dim: int, sizes: Sequence[int]) -> Ragged:
         >>> x = raggedfn.from_list([torch.zeros(2, 12)])
         >>> raggedfn.unflatten(x, 2, (3, -1)).shape
         (1, None, 3, 4)
+        >>> tokens = raggedfn.from_lengths(torch.zeros(5, 8), [3, 2])
+        >>> sentences = raggedfn.from_lengths(torch.tensor([1, 2, 2]), [2, 1])
+        >>> docs = raggedfn.unflatten(tokens, 1, sentences)
+        >>> docs.shape, docs.sizes.tolist()
+        ((2, None, None, 8), [[2, 3], [1, 2]])
     """
     fn = "unflatten"
     _require_ragged(fn, x)
     d = normalize_axis(x, dim, fn, allow_batch=False)
     a = x.layout.axes[d - 1]
+    if a.ragged and isinstance(sizes, Ragged):
+        return unflatten_level(fn, x, d - 1, sizes)
     if a.ragged:
         raise fail(
             fn,
-            f"axis {d} is ragged (logical shape {logical_shape_text(x)}); "
-            "only a dense axis can be unflattened",
+            f"axis {d} is ragged (logical shape {logical_shape_text(x)}); it splits into "
+            "nested ragged axes with per-row lengths given as a Ragged value, not sizes "
+            f"{describe(sizes)}",
         )
     if isinstance(sizes, int) or not isinstance(sizes, Sequence) or not sizes:
         raise fail(fn, f"sizes must be a non-empty sequence of ints, got {describe(sizes)}")
@@ -374,7 +401,7 @@ def unflatten(x: Ragged, dim: int, sizes: Sequence[int]) -> Ragged:
             axes.append(Axis(False, b.index + count - 1))
         else:
             axes.append(b)
-    return Ragged(values, x.offsets, x.sizes, Layout(tuple(axes)))
+    return like(x, values, Layout(tuple(axes)))
 
 
 def reshape(x: Ragged, shape: Sequence[int | None]) -> Ragged:
@@ -447,7 +474,7 @@ def reshape(x: Ragged, shape: Sequence[int | None]) -> Ragged:
         else:
             axes.append(Axis(False, j))
             j += 1
-    return Ragged(values, x.offsets, x.sizes, Layout(tuple(axes)))
+    return like(x, values, Layout(tuple(axes)))
 
 
 def contiguous(x: Ragged) -> Ragged:
@@ -489,4 +516,4 @@ def contiguous(x: Ragged) -> Ragged:
         source = Ragged(values, x.offsets, x.sizes, layout)
         values = gather_rows(source, x.offsets, sizes, target, values.shape[0])
         layout = target  # dense axes are already numbered in logical order
-    return Ragged(values.contiguous(), x.offsets, sizes, layout)
+    return Ragged(values.contiguous(), x.offsets, sizes, layout, x.row_offsets)

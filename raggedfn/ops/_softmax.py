@@ -15,6 +15,7 @@ from torch import Tensor
 from .._axes import normalize_axis
 from .._errors import fail
 from .._index import line_starts, segment_ids
+from .._nested import reduced_levels
 from .._prims import segment_log_softmax, segment_softmax
 from .._ragged import Ragged
 from ._reduce_plan import require_ragged, static_axes
@@ -26,9 +27,14 @@ def line_segments(x: Ragged, axis: int) -> tuple[Tensor, int]:
     """``(segments [T], num_segments)`` grouping the rows of each line along ragged ``axis``.
 
     One ragged axis: the segment is the sample. Several: the line's first
-    packed row, so no host sync is needed (``num_segments = T``).
+    packed row, so no host sync is needed (``num_segments = T``). Nested axes:
+    the element of the axis above (for the innermost axis), or the aligned
+    positions below an outer axis (``num_segments`` an upper bound, no sync).
     """
     total = x.values.shape[0]
+    if x.row_offsets:  # lines along a nested axis: the rows under one element above it
+        segments, num, _ = reduced_levels(x.sizes, x.row_offsets, total, (axis,), exact=False)
+        return segments, num
     if x.layout.num_ragged == 1:
         return segment_ids(x.offsets, total), x.batch_size
     starts, _ = line_starts(x.offsets, x.sizes, total, axis)

@@ -1,0 +1,87 @@
+"""``raggedfn.map`` over nested values: ``f`` gets a one-level ``Ragged`` per sample.
+
+What works today (``f`` returns tensors) is checked against the per-sample loop;
+what the issue asks and map does not do yet (``f`` returning a ``Ragged``, or
+Ragged operators on the sample) is a strict xfail naming the gap, so the test
+turns red when map learns it and the marker must go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import raggedfn
+
+
+def _documents() -> raggedfn.Ragged:
+    gen = torch.Generator().manual_seed(0)
+
+    def t(n: int) -> torch.Tensor:
+        return torch.randn(n, 3, generator=gen, dtype=torch.float64)
+
+    return raggedfn.from_list([[t(2), t(3)], [], [t(1)], [t(0), t(4)]])
+
+
+def _loop(f: Callable[[raggedfn.Ragged], Any], x: raggedfn.Ragged) -> list[Any]:
+    return [f(x[i]) for i in range(x.batch_size)]
+
+
+def test_samples_are_one_level_ragged_values() -> None:
+    x = _documents()
+    seen: list[raggedfn.Ragged] = []
+
+    def f(sample: raggedfn.Ragged) -> torch.Tensor:
+        if isinstance(sample, raggedfn.Ragged):
+            seen.append(sample)
+        return raggedfn.sum(sample, 1)
+
+    raggedfn.map(f, x)
+    assert seen and all(s.layout == raggedfn.Layout("r0 d0") for s in seen)
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda s: raggedfn.sum(s, 1),  # (S_i, D): one vector per sentence
+        lambda s: raggedfn.map(lambda t: t.softmax(0).sum(0), s),  # map inside f
+    ],
+    ids=["raggedfn-op", "inner-map"],
+)
+def test_dense_results_equal_the_loop(f: Callable[[raggedfn.Ragged], Any]) -> None:
+    x = _documents()
+    got = raggedfn.map(f, x)
+    expected = _loop(f, x)
+    assert isinstance(got, raggedfn.Ragged)
+    assert got.lengths.tolist() == [e.shape[0] for e in expected]
+    torch.testing.assert_close(got.values, torch.cat(expected))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="raggedfn.map over nested values: a Ragged returned by f is flattened as a pytree "
+    "and restacked leaf by leaf (values=Ragged); the trace treats nested axes as "
+    "rectangular (raggedfn/_map, lead)",
+)
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda s: raggedfn.softmax(s, 1),  # a Ragged per sample -> a nested result
+        lambda s: s * 2.0,  # Ragged operators on the sample
+        lambda s: raggedfn.map(lambda t: t.softmax(0), s),
+    ],
+    ids=["softmax", "operator", "inner-map-ragged"],
+)
+def test_ragged_results_restack_as_nested_values(f: Callable[[raggedfn.Ragged], Any]) -> None:
+    x = _documents()
+    got = raggedfn.map(f, x)
+    expected = raggedfn.from_list(_loop(f, x))
+    assert isinstance(got, raggedfn.Ragged) and isinstance(got.values, torch.Tensor)
+    assert got.layout == expected.layout
+    assert got.sizes.tolist() == expected.sizes.tolist()
+    for mine, theirs in zip(got.row_offsets, expected.row_offsets, strict=True):
+        assert torch.equal(mine, theirs)
+    torch.testing.assert_close(got.values, expected.values)
