@@ -282,6 +282,7 @@ def _map(
     variant, lifted, entry, classes = _lookup(f, leaves, kinds, treespec, dims)
     if report is not None:
         report.traces = entry.traces
+        report.structure = variant.structure
     if variant.failure is not None:
         if strict:
             raise fail(

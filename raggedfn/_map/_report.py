@@ -21,6 +21,11 @@ class MapReport:
         traces: how many times ``f`` (its code) has been traced so far.
         trace_seconds: time spent tracing this signature (when it was traced).
         output: the result of the call.
+        structure: per flat output, its ragged per-sample axes as ``f``'s trace
+            decides them (the same for every batch); None when tracing stopped
+            before the end and the per-sample loop's outputs decide (an axis is
+            ragged where its sizes differ between samples or equal an input's
+            ragged size in every sample).
 
     Examples:
         >>> import torch, raggedfn
@@ -43,6 +48,7 @@ class MapReport:
     traces: int = 0
     trace_seconds: float = 0.0
     output: Any = None
+    structure: list[tuple[int, ...]] | None = None
 
     @property
     def fully_batched(self) -> bool:
