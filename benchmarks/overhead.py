@@ -33,6 +33,7 @@ import json
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -137,8 +138,11 @@ def tiny_pairs(device: str = "cpu") -> list[Pair]:
 
 def _pyg() -> Any:
     try:
-        import torch_geometric
-        import torch_geometric.utils
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates torch.jit.script, which PyG calls while importing
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import torch_geometric
+            import torch_geometric.utils
     except ImportError:
         return None
     return torch_geometric
