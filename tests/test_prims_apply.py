@@ -44,3 +44,12 @@ def test_segment_prims_pass_gradcheck_through_it():
     segments = torch.tensor([0, 0, 2, 2, 2, 3, 3])
     torch.autograd.gradcheck(lambda v: segment_softmax(v, segments, 4), (values,))
     torch.autograd.gradgradcheck(lambda v: segment_amax(v, segments, 4), (values,))
+
+
+def test_anything_else_with_an_apply_is_called_as_is():
+    class NotAFunction:
+        @staticmethod
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    assert _apply.apply(NotAFunction, torch.zeros(2)).tolist() == [1.0, 1.0]  # type: ignore[arg-type]

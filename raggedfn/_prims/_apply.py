@@ -28,8 +28,15 @@ def apply(function: type[torch.autograd.Function], *args: Any) -> Any:
         return function.apply(*args)
     arity = _ARITY.get(function)
     if arity is None:
-        arity = _ARITY[function] = len(inspect.signature(function.forward).parameters)
-    if len(args) != arity:  # a default argument to fill in: the general path
+        arity = _ARITY[function] = _arity(function)
+    if len(args) != arity:  # a default argument to fill in (or not a Function): the general path
         return function.apply(*args)
     # what Function.apply does after binding: unwrap dead functorch wrappers, C++ apply
     return super(torch.autograd.Function, function).apply(*unwrap_dead_wrappers(args))  # type: ignore[misc]
+
+
+def _arity(function: type) -> int:
+    """Parameters of a Function's ``forward``; -1 for anything else with an ``apply``."""
+    if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
+        return -1
+    return len(inspect.signature(function.forward).parameters)
