@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -354,17 +355,56 @@ def test_sort_along_every_level(x: raggedfn.Ragged, descending: bool, data: Any)
     _grads_match(values, expected_values, x)
 
 
-def test_topk_and_narrow_along_an_outer_level_are_refused() -> None:
+def test_topk_along_an_outer_level_is_refused() -> None:
     # the k largest of every aligned line along an outer axis are not a prefix of
-    # each row (they would leave holes), so topk refuses; narrow shares the check
+    # each row (they would leave holes), so topk refuses
     x = raggedfn.from_nested_lengths(torch.randn(3), [[2], [1, 2]])
-    for call in (lambda: raggedfn.narrow(x, 1, 0, 1),):
-        try:
-            call()
-        except raggedfn.RaggedError as error:
-            assert "outer nested ragged axis" in str(error)
-        else:
-            raise AssertionError("expected RaggedError")
+    with pytest.raises(raggedfn.RaggedError, match="outer nested ragged axis"):
+        raggedfn.topk(x, 1, dim=1)
+
+
+def _narrowed(x: raggedfn.Ragged, level: int, start: int, length: int) -> list[Any]:
+    """Per sample: within every element of the level above (the sample for level 0),
+    the elements of ``level`` at positions ``b .. b + length`` (``b = start``, or the
+    count plus ``start`` floored at 0), each with everything below it, renumbered."""
+    out: list[Any] = []
+    for keys, rows in canonical(x):
+        counts: dict[tuple[int, ...], int] = {}
+        for key in keys[level]:
+            counts[key[:level]] = counts.get(key[:level], 0) + 1
+        window = {
+            parent: (b, min(b + length, n))
+            for parent, n in counts.items()
+            for b in [max(n + start, 0) if start < 0 else start]
+        }
+        new_keys: list[list[tuple[int, ...]]] = []
+        for k, level_keys in enumerate(keys):
+            if k < level:
+                new_keys.append(level_keys)
+                continue
+            new_keys.append([])
+            for key in level_keys:
+                b, e = window[key[:level]]
+                if b <= key[level] < e:
+                    new_keys[-1].append((*key[:level], key[level] - b, *key[level + 1 :]))
+        new_rows = []
+        for key, row in zip(keys[-1], rows, strict=True):
+            b, e = window[key[:level]]
+            if b <= key[level] < e:
+                new_rows.append(row)
+        out.append((new_keys, new_rows))
+    return out
+
+
+@SETTINGS
+@given(nested_raggeds(requires_grad=True), st.integers(-4, 3), st.integers(0, 3), st.data())
+def test_narrow_along_every_level(x: raggedfn.Ragged, start: int, length: int, data: Any) -> None:
+    level = data.draw(st.integers(0, x.num_ragged - 1))
+    got = raggedfn.narrow(x, 1 + level, start, length)
+    raggedfn.check(got)
+    expected = _narrowed(x, level, start, length)
+    assert_canonical(got, expected)
+    _grads_match(got, expected, x)
 
 
 # ----- elementwise and broadcasting ---------------------------------------------------------

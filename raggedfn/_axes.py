@@ -92,12 +92,12 @@ def refuse_nested(fn: str, x: Ragged, what: str = "values with nested ragged axe
 
 
 def innermost_nested(fn: str, x: Ragged, axis: Axis, dim: int) -> None:
-    """Refuse an op along an outer nested axis (only the innermost one has plain lines)."""
+    """Refuse ``topk`` along an outer nested axis (its result would not be ragged)."""
     if x.row_offsets and axis.ragged and axis.index != x.layout.num_ragged - 1:
         raise fail(
             fn,
             f"axis {dim} is an outer nested ragged axis of logical shape (B, "
             f"{logical_shape_text(x)[1:]}; {fn} works along the innermost nested axis and dense "
-            "axes (its elements along an outer axis are not aligned); reduce or flatten the "
-            "inner axes first",
+            "axes (along an outer axis the k largest of every aligned line are not a prefix of "
+            "each row); reduce or flatten the inner axes first, or sort along it",
         )

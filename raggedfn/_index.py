@@ -6,8 +6,13 @@ host sync and compiles without data-dependent shapes.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch._ops import _len_torch_dispatch_stack_pre_dispatch
 
 
 def lengths_of(offsets: Tensor) -> Tensor:
@@ -17,8 +22,39 @@ def lengths_of(offsets: Tensor) -> Tensor:
 
 def offsets_of(lengths: Tensor) -> Tensor:
     """``[B + 1]`` offsets from ``[B]`` lengths (int64)."""
-    zero = torch.zeros(1, dtype=torch.int64, device=lengths.device)
-    return torch.cat([zero, torch.cumsum(lengths.to(torch.int64), 0)])
+    return F.pad(torch.cumsum(lengths.to(torch.int64), 0), (1, 0))
+
+
+# id(offsets) -> (weak ref to offsets, offsets._version, T, segment ids, their _version)
+_SEGMENT_IDS: dict[int, tuple[weakref.ref[Tensor], int, int, Tensor, int]] = {}
+
+
+def _plain_eager(t: Tensor) -> bool:
+    """``t`` is an ordinary tensor, used eagerly: no tracing, transform or dispatch mode.
+
+    Only then may a derived index tensor be reused across calls: under
+    ``torch.compile``, ``make_fx``, ``torch.func`` transforms or a dispatch mode
+    (fake tensors, functionalization) a result belongs to that one trace or level;
+    an inference-mode tensor cannot be saved for a later backward.
+    """
+    return (
+        not torch.compiler.is_compiling()
+        and type(t) is Tensor
+        and not torch.is_inference_mode_enabled()
+        and not t.is_inference()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and _len_torch_dispatch_stack_pre_dispatch() == 0
+        and torch._C._functorch.peek_interpreter_stack() is None
+    )
+
+
+def _forget(key: int) -> Callable[[weakref.ref[Tensor]], None]:
+    """The callback dropping the ids remembered under ``key`` once its offsets die."""
+
+    def forget(_: weakref.ref[Tensor]) -> None:
+        _SEGMENT_IDS.pop(key, None)
+
+    return forget
 
 
 def segment_ids(offsets: Tensor, total: int) -> Tensor:
@@ -30,13 +66,34 @@ def segment_ids(offsets: Tensor, total: int) -> Tensor:
     exactly ``T``. So the lengths are clamped to be non-negative and to end by
     ``T``, and rows past the last sample get the out-of-range id ``B`` (a later
     index raises). On valid offsets none of this changes the result.
+
+    Eagerly, the result is remembered for the ``offsets`` tensor (values that
+    share a partition, e.g. through ``with_values``, share their offsets) and
+    reused while neither tensor was modified in place, so a chain of ops on one
+    partition computes it once. Callers must not modify it in place (a caller
+    that hands it out copies it).
     """
-    batch_size = offsets.shape[0] - 1
-    ids = torch.arange(batch_size + 1, device=offsets.device)
+    cacheable = _plain_eager(offsets)
+    if cacheable:
+        hit = _SEGMENT_IDS.get(id(offsets))
+        if (
+            hit is not None
+            and hit[0]() is offsets
+            and hit[1] == offsets._version
+            and hit[2] == total
+            and hit[4] == hit[3]._version
+        ):
+            return hit[3]
     ends = torch.cumsum(lengths_of(offsets).clamp(min=0), 0).clamp(max=total)
-    ends = torch.cat([ends, torch.full((1,), total, dtype=ends.dtype, device=ends.device)])
-    repeats = lengths_of(torch.cat([ends.new_zeros(1), ends]))
-    return torch.repeat_interleave(ids, repeats, output_size=total)
+    # (a SymInt pad value would specialise T under torch.compile: full() keeps it symbolic)
+    bounds = torch.cat([ends.new_zeros(1), ends, ends.new_full((1,), total)])
+    # repeat_interleave of the counts alone numbers the rows 0..B: no gather of ids needed
+    ids = torch.repeat_interleave(lengths_of(bounds), output_size=total)
+    if cacheable and type(ids) is Tensor:
+        key = id(offsets)
+        ref = weakref.ref(offsets, _forget(key))
+        _SEGMENT_IDS[key] = (ref, offsets._version, total, ids, ids._version)
+    return ids
 
 
 def local_positions(offsets: Tensor, segments: Tensor, total: int) -> Tensor:
@@ -81,7 +138,8 @@ def reduced_rows(
     """
     num_ragged = sizes.shape[1]
     keep = [k for k in range(num_ragged) if k not in reduce]
-    reduced_count = sizes[:, list(reduce)].prod(1)
+    # one axis: a view of sizes (no index tensor to build, no product)
+    reduced_count = sizes[:, reduce[0]] if len(reduce) == 1 else sizes[:, list(reduce)].prod(1)
     if not keep:
         return segment_ids(offsets, total), offsets.shape[0] - 1, reduced_count, None, None
     segments, coords = coordinates(offsets, sizes, total)

@@ -122,7 +122,8 @@ def segment_ids(x: Ragged, dim: int | None = None) -> Tensor:
                 )
             owners = parents(x.sizes, x.row_offsets, x.values.shape[0])
             return ancestors(owners, axis.index - 1)
-    return _segment_ids(x.offsets, x.values.shape[0])
+    # a copy: the ops reuse (and must not see edits of) the ids remembered for the partition
+    return _segment_ids(x.offsets, x.values.shape[0]).clone()
 
 
 def positions(x: Ragged, dim: int | None = None) -> Ragged:

@@ -154,10 +154,18 @@ class Layout:
 
         ``nested``: the ragged axes form one chain, each nested in the one before.
         """
-        return Layout(
-            tuple(Axis(True, k, nested and k > 0) for k in range(num_ragged))
-            + tuple(Axis(False, j) for j in range(num_dense))
-        )
+        key = (num_ragged, num_dense, nested)
+        # eagerly a frozen Layout per (R, D, nested) is reused: every with_values of new
+        # dense axes asks for one; under compile the ints may be symbolic, build afresh
+        found = None if torch.compiler.is_compiling() else _STANDARD.get(key)
+        if found is None:
+            found = Layout(
+                tuple(Axis(True, k, nested and k > 0) for k in range(num_ragged))
+                + tuple(Axis(False, j) for j in range(num_dense))
+            )
+            if not torch.compiler.is_compiling():
+                _STANDARD[key] = found
+        return found
 
     @staticmethod
     def from_ragged_positions(
@@ -227,3 +235,7 @@ class Layout:
             for a in self.axes
         ]
         return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+# Layout.standard's eager answers, by (num_ragged, num_dense, nested)
+_STANDARD: dict[tuple[int, int, bool], Layout] = {}

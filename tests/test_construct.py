@@ -593,3 +593,16 @@ def test_cu_seqlens():
     assert empty[0].tolist() == [0] and empty[1] == 0
     with pytest.raises(RaggedError, match=r"cu_seqlens: needs one ragged axis at logical axis 1"):
         raggedfn.cu_seqlens(raggedfn.from_list([torch.zeros(2, 2)], ragged_dims=(1, 2)))
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [2**63 - 1, 2**63 - 1, 7],  # the int64 sum wraps around to 5
+        [-3, 8],  # adds up, but negative
+        [2**53, 2**53, 5 - 2**54],  # float64 exact sum 5, but negative too
+    ],
+)
+def test_from_lengths_refuses_lengths_that_only_add_up_by_wrapping_or_negatives(lengths):
+    with pytest.raises(RaggedError, match="from_lengths"):
+        raggedfn.from_lengths(torch.zeros(5), torch.tensor(lengths))

@@ -31,6 +31,7 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from .._errors import fail
+from ._apply import apply
 
 
 def call(
@@ -50,7 +51,7 @@ def call(
         args: the Function's inputs.
     """
     if not torch.compiler.is_compiling():
-        return eager.apply(*args)
+        return apply(eager, *args)  # eager.apply(*args) without its per-call signature binding
     if compiled_transform():
         return body(*args)
     return compiled.apply(*args)

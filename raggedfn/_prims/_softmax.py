@@ -15,16 +15,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._extrema import segment_amax
+from ._extrema import _reduce
 from ._forward import call
 from ._segment import broadcast, segment_counts, segment_sum
 
 
 def _shift(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     """Per-segment max (a constant for the softmax family); 0 where it is not finite."""
-    with torch.no_grad():
-        peak = segment_amax(values.detach(), segments, num_segments)
-    return torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    with torch.no_grad():  # a constant: the forward kernel alone, no autograd.Function
+        peak = _reduce(values.detach(), segments, num_segments, largest=True)
+    # one kernel for where(isfinite(peak), peak, 0) (isfinite alone dispatches four)
+    return torch.nan_to_num(peak, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def _softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:

@@ -254,7 +254,9 @@ def attention(
         ``(B, N*, H, Dv)`` with the partition and layout of ``q``. A query row
         whose keys are all masked (all padded, causal with ``M_i = 0``, or an
         empty key sequence) gives zeros, as torch's SDPA does on that sample
-        alone, and a zero gradient.
+        alone, and a zero gradient. Under forward-mode AD (``torch.func.jvp``,
+        ``jacfwd``, ``hessian``, dual tensors) it runs torch's math SDPA backend
+        (the fused CPU kernel has no forward-mode derivative).
 
     Raises:
         RaggedError: ``q``, ``k`` or ``v`` is not ``Ragged`` with 1 or 2 ragged axes and
@@ -263,7 +265,8 @@ def attention(
             and ``k`` with different row sizes ``I``; a ``bias`` that is neither a pair
             state with sizes ``(N_i, M_i)`` nor a dense ``(..., H or 1, 1, 1)`` tensor; a
             ``key_padding`` that is not a bool ``Ragged`` with the partition of ``k``;
-            ``causal`` not a bool.
+            ``causal`` not a bool; forward-mode AD inside ``torch.compile`` (one opaque
+            node there, see docs/transforms.md).
 
     Examples:
         >>> import torch, raggedfn

@@ -126,7 +126,9 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
         RaggedError: subscripts that do not match the operands' logical ranks; a ``Ragged``
             operand whose first subscript is not the batch letter, or with another batch
             size; a letter ragged in one operand and dense in another; an output that does
-            not start with the batch letter.
+            not start with the batch letter; forward-mode AD inside ``torch.compile`` through
+            a product that contracts a ragged axis or combines two ``Ragged`` operands (one
+            opaque node there, see docs/transforms.md).
 
     Examples:
         >>> import torch, raggedfn
@@ -457,7 +459,9 @@ def matmul(a: Ragged | Tensor, b: Ragged | Tensor) -> Ragged | Tensor:
         RaggedError: an operand is neither ``Ragged`` nor a tensor; a dense operand that is
             not a ``[K]``/``[K, N]`` (right) or ``[K]``/``[M, K]`` (left) weight; a ragged
             contracted axis against a dense operand; two ``Ragged`` operands whose
-            partitions do not match; an inner (contracted) size that differs.
+            partitions do not match; an inner (contracted) size that differs; forward-mode
+            AD inside ``torch.compile`` with two ``Ragged`` operands (one opaque node
+            there, see docs/transforms.md).
 
     Examples:
         >>> import torch, raggedfn

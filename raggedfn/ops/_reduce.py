@@ -204,7 +204,8 @@ def prod(
 
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value; an axis in ``dim`` is out of range or
-            repeated.
+            repeated; forward-mode AD inside ``torch.compile`` (torch 2.13 gives the
+            segmented product a zero forward derivative there).
 
     Examples:
         >>> import torch, raggedfn

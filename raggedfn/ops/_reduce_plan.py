@@ -68,19 +68,32 @@ def reduced_axes(x: Ragged, dim: int | Sequence[int] | None, fn: str) -> tuple[i
     )
 
 
-def static_axes(layout: Layout) -> list[tuple[bool, int]]:
+def static_axes(layout: Layout) -> tuple[tuple[bool, int], ...]:
     """``(ragged, index)`` of every sample axis as plain Python values.
 
     Under ``torch.compile(dynamic=True)`` dynamo may treat the layout's ints as
     symbolic (``sorted`` then breaks the graph, and ``Axis(...) in axes``
     silently answers False, torch 2.13); ints found by equality against
-    ``range`` are plain, and keep the bookkeeping exact.
+    ``range`` are plain, and keep the bookkeeping exact. Eagerly the answer for
+    a layout code is remembered (a handful of codes per program).
     """
+    if torch.compiler.is_compiling():
+        return _static_axes(layout)
+    found = _STATIC_AXES.get(layout.code)
+    if found is None:
+        found = _STATIC_AXES[layout.code] = _static_axes(layout)
+    return found
+
+
+_STATIC_AXES: dict[str, tuple[tuple[bool, int], ...]] = {}
+
+
+def _static_axes(layout: Layout) -> tuple[tuple[bool, int], ...]:
     counts = {True: layout.num_ragged, False: layout.num_dense}
-    return [
+    return tuple(
         (bool(a.ragged), next(k for k in range(counts[bool(a.ragged)]) if a.index == k))
         for a in layout.axes
-    ]
+    )
 
 
 def plan(x: Ragged, axes: tuple[int, ...]) -> Plan:

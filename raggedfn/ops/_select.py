@@ -20,7 +20,7 @@ from .._axes import innermost_nested, normalize_axis, refuse_nested, sample_axis
 from .._errors import describe, fail, require_ordered, shape_text
 from .._index import coordinates, gather_ranges, lengths_of, offsets_of, segment_ids
 from .._layout import Axis, Layout
-from .._nested import level_offsets, parents, reduced_levels, row_positions
+from .._nested import level_offsets, level_partitions, parents, reduced_levels, row_positions
 from .._ragged import Ragged, like
 from .._validate import is_tracing
 from ._broadcast import check_equal
@@ -68,8 +68,11 @@ def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
 
     Along a ragged axis, sample ``i`` keeps elements ``s_i .. s_i + length`` where
     ``s_i = start`` (or ``N_i + start`` for a negative ``start``, floored at 0); a
-    sample shorter than that keeps what it has (possibly nothing). Along a dense
-    axis it is ``torch.narrow`` on every sample.
+    sample shorter than that keeps what it has (possibly nothing). Along a nested
+    axis the same holds within every element of the axis above it, and a kept
+    element keeps everything below it (``narrow(docs, 1, 0, 2)``: the first two
+    sentences of every document). Along a dense axis it is ``torch.narrow`` on
+    every sample.
 
     Args:
         x: ``Ragged`` value.
@@ -100,7 +103,6 @@ def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
             raise fail(fn, f"{name} must be an int, got {describe(value)}")
     if length < 0:
         raise fail(fn, f"length must be >= 0, got {length}")
-    innermost_nested(fn, x, axis, dim)
     if not axis.ragged:
         size = x.values.shape[values_dim(axis)]
         if not -size <= start <= size:
@@ -109,7 +111,7 @@ def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
         values = x.values.narrow(values_dim(axis), begin, min(length, size - begin))
         return like(x, values)
     if x.row_offsets:
-        return _narrow_innermost(x, start, length)
+        return _narrow_nested(x, axis.index, start, length)
     k = axis.index
     extent = x.sizes[:, k]
     begins = (extent + start).clamp(min=0) if start < 0 else torch.full_like(extent, start)
@@ -122,17 +124,23 @@ def narrow(x: Ragged, dim: int, start: int, length: int) -> Ragged:
     return Ragged(x.values[_rows(x, segments, coords)], offsets, sizes, x.layout)
 
 
-def _narrow_innermost(x: Ragged, start: int, length: int) -> Ragged:
-    """:func:`narrow` along the innermost nested axis: within every element above it."""
-    parts = x.row_offsets[-1]
+def _narrow_nested(x: Ragged, level: int, start: int, length: int) -> Ragged:
+    """:func:`narrow` along nested axis ``level``: within every element above it (every
+    sample for level 0), with everything below the kept elements (whole sentences)."""
+    partitions = level_partitions(x.sizes, x.row_offsets)
+    parts = partitions[level]
     extent = lengths_of(parts)
     begins = (extent + start).clamp(min=0) if start < 0 else torch.full_like(extent, start)
     kept = (extent - begins).clamp(min=0, max=length)
-    source, new_parts = gather_ranges(parts[:-1] + begins, kept)
-    row_offsets = (*x.row_offsets[:-1], new_parts)
-    levels = level_offsets(x.sizes, row_offsets)
-    sizes = x.sizes.clone()
-    sizes[:, -1] = lengths_of(levels[-1])
+    source, joined = gather_ranges(parts[:-1] + begins, kept)
+    new_parts = [*partitions[:level], joined]
+    for below in partitions[level + 1 :]:  # the children of the kept elements, level by level
+        counts = lengths_of(below).index_select(0, source)
+        source, joined = gather_ranges(below[:-1].index_select(0, source), counts)
+        new_parts.append(joined)
+    row_offsets = tuple(new_parts[1:])
+    levels = level_offsets(lengths_of(new_parts[0]).unsqueeze(1), row_offsets)
+    sizes = torch.stack([lengths_of(offsets) for offsets in levels], 1)
     return Ragged(x.values[source], levels[-1], sizes, x.layout, row_offsets)
 
 
@@ -572,7 +580,7 @@ def topk(
     Raises:
         RaggedError: ``x`` is not a ``Ragged`` value; ``k`` is not an int ``>= 0``, or
             exceeds a dense axis ``dim``; ``dim`` is not an int or is out of range for the
-            logical shape of ``x``.
+            logical shape of ``x``; ``dim`` is an outer nested ragged axis.
 
     Examples:
         >>> import torch, raggedfn
