@@ -320,3 +320,17 @@ def test_forward_tangents_finite_with_empty_segments(name: str) -> None:
     values = _values().detach()
     _, tangent = jvp(FULL.get(name, PRIMS[name]), (values,), (torch.ones_like(values),))
     assert torch.isfinite(tangent).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_family_subtracts_the_segment_maximum(dtype: torch.dtype) -> None:
+    """exp(1000) overflows and exp(-1000) underflows in both dtypes: only the shift by the
+    segment maximum gives logsumexp 1000 + log 2 and -1000, and softmax 1/2, 1/2, 1."""
+    values = torch.tensor([1000.0, 1000.0, -1000.0], dtype=dtype)
+    segments = torch.tensor([0, 0, 1])
+    lse = _prims.segment_logsumexp(values, segments, 2)
+    want = torch.tensor([1000.0 + torch.log(torch.tensor(2.0)).item(), -1000.0], dtype=dtype)
+    torch.testing.assert_close(lse, want)
+    half = torch.tensor([0.5, 0.5, 1.0], dtype=dtype)
+    torch.testing.assert_close(_prims.segment_softmax(values, segments, 2), half)
+    torch.testing.assert_close(_prims.segment_log_softmax(values, segments, 2), half.log())

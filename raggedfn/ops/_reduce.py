@@ -179,13 +179,24 @@ def logsumexp(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
         return full_result(x, torch.logsumexp(x.values.reshape(-1), 0), keepdim)
     p = plan(x, axes)
 
-    def dense(v: Tensor, dims: tuple[int, ...]) -> Tensor:
-        return torch.logsumexp(v, dims, keepdim=True)
-
     def segment(v: Tensor, segments: Tensor, num: int, _counts: Tensor) -> Tensor:
         return segment_logsumexp(v, segments, num)
 
-    return finish(x, p, apply(p, x.values, dense, segment), keepdim)
+    return finish(x, p, apply(p, x.values, _dense_logsumexp, segment), keepdim)
+
+
+def _dense_logsumexp(values: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """``torch.logsumexp(values, dims, keepdim=True)`` with a finite gradient for a line that
+    is -inf throughout (torch's is NaN there: exp(-inf - -inf)). Its -inf then meets finite
+    rows of the same sample in the segment step, where torch's own gradient is finite too."""
+    if _size(values, dims) == 0:
+        return torch.logsumexp(values, dims, keepdim=True)
+    peak = values.detach().amax(dims, keepdim=True)
+    shift = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    total = torch.exp(values - shift).sum(dims, keepdim=True)
+    present = total > 0
+    safe = torch.where(present, total, torch.ones_like(total))
+    return torch.where(present, torch.log(safe), float("-inf")) + shift
 
 
 def prod(
@@ -271,8 +282,13 @@ def _variance(squares: Tensor, count: Tensor, correction: float, root: bool = Fa
     dof = count - correction
     positive = dof > 0
     quotient = squares / torch.where(positive, dof, torch.ones_like(dof))
-    if root:  # behind the where too: a forward-mode tangent there is 0, not 0 / sqrt(NaN)
-        quotient = torch.sqrt(torch.where(positive, quotient, torch.ones_like(quotient)))
+    if root:
+        # behind the wheres: the tangent at an undefined variance is 0 (not 0 / sqrt(NaN)),
+        # and at a zero variance (all-equal values) the gradient is 0 as torch.std's
+        # (sqrt alone gives inf * 0 = NaN there)
+        nonzero = positive & (quotient > 0)
+        safe = torch.sqrt(torch.where(nonzero, quotient, torch.ones_like(quotient)))
+        quotient = torch.where(nonzero, safe, torch.zeros_like(quotient))
     undefined = torch.where(squares.detach() > 0, float("inf"), float("nan")).to(quotient.dtype)
     return torch.where(positive, quotient, undefined)
 
