@@ -225,3 +225,19 @@ def test_std_of_all_equal_values_has_gradient_zero_as_torch():
     want = torch.std(leaf[:3], 0, correction=0).sum() + torch.std(leaf[3:], 0, correction=0).sum()
     torch.testing.assert_close(got, torch.autograd.grad(want, leaf)[0])
     assert torch.equal(got, torch.zeros_like(got))
+
+
+def test_float32_var_and_std_of_subnormal_values_accumulate_like_torch():
+    """torch's CPU var/std accumulate float32 in float64: squares of 4e-39 do not vanish."""
+    sample = torch.tensor([4.4e-39, -4.4e-39, 0.0], dtype=torch.float32)
+    values = sample.clone().requires_grad_(True)
+    x = raggedfn.from_list([values])
+    leaf = sample.clone().requires_grad_(True)
+    for op in (raggedfn.std, raggedfn.var):
+        out = op(x, 1)
+        want = getattr(torch, op.__name__)(leaf, 0)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, want.reshape(1), rtol=1e-6, atol=0.0)
+    assert float(raggedfn.std(x, 1).detach()[0]) > 0  # var itself underflows, as torch's
+    (got,) = torch.autograd.grad(raggedfn.std(x, 1).sum(), values)
+    torch.testing.assert_close(got, torch.autograd.grad(torch.std(leaf, 0), leaf)[0])

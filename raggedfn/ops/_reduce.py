@@ -242,11 +242,22 @@ def prod(
     return finish(x, p, apply(p, values, dense, segment), keepdim)
 
 
+def _spread(fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool, root: bool) -> Result:
+    """var (or std, ``root``) accumulated in float64 below float64, as torch's CPU var/std:
+    squares of values below ~1e-19 (subnormals among them) vanish in float32, and the
+    result rounds only once."""
+    x = require_ragged(x, fn)
+    _require_float(fn, x)
+    dtype = x.dtype
+    if dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = x.with_values(x.values.to(torch.float64))
+    result = _moment(fn, x, dim, correction, keepdim, root)
+    return result if x.dtype == dtype else map_result(result, lambda v: v.to(dtype))
+
+
 def _moment(
     fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool, root: bool = False
 ) -> Result:
-    x = require_ragged(x, fn)
-    _require_float(fn, x)
     axes = reduced_axes(x, dim, fn)
     values = x.values
     if axes is None:
@@ -318,7 +329,7 @@ def var(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = Fa
         >>> raggedfn.var(x, 1)
         tensor([2., 0.])
     """
-    return _moment("var", x, dim, correction, keepdim)
+    return _spread("var", x, dim, correction, keepdim, root=False)
 
 
 def std(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = False) -> Result:
@@ -343,7 +354,7 @@ def std(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = Fa
         >>> raggedfn.std(x, 1, correction=0)
         tensor([1., 0.])
     """
-    return _moment("std", x, dim, correction, keepdim, root=True)
+    return _spread("std", x, dim, correction, keepdim, root=True)
 
 
 def _logical(fn: str, x: Ragged, dim: Dim, keepdim: bool, every: bool) -> Result:
