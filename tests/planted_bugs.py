@@ -49,7 +49,7 @@ BUGS = {
         ("tests/test_shape.py",),
     ),
     "no_monotone_offsets_check": Bug(
-        "raggedfn/_construct.py",
+        "raggedfn/_validate.py",
         "    if bool((steps < 0).any()):",
         "    if False:",
         ("tests/test_construct.py",),
