@@ -393,3 +393,10 @@ def test_pad_default_fill_and_unpad_with_length_unlike_the_feature_size() -> Non
     assert padded[1].eq(0).all() and padded[0, 2:].eq(0).all() and padded[2, 3].eq(0).all()
     torch.testing.assert_close(_prims.unpad(padded, SORTED, POSITIONS), values)
     torch.testing.assert_close(padded[2, :3], values[2:5])
+
+
+def test_integer_product_takes_the_plain_path() -> None:
+    values = torch.tensor([[2, 3], [4, 5], [1, -1], [3, 2], [5, 5], [7, 1], [6, 2]])
+    out = _prims.segment_prod(values, SEGMENTS, NUM)
+    assert out.dtype == torch.int64
+    assert out.tolist() == [[48, 30], [1, 1], [15, -10], [7, 1], [1, 1]]
