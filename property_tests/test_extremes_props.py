@@ -25,10 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import raggedfn
-from property_tests._pairs_helpers import check_against_loop
 from property_tests.reference import pack_like, samples
 from property_tests.strategies import EXTREMES, VALUE_KINDS, extreme_values, raggeds
-from property_tests.test_attention_props import sdpa_sample
+from property_tests.test_attention_props import check_problem
 from property_tests.test_reduce_props import OPS, _policy, _sample_dims, reduced_dims
 
 FLOATS = st.sampled_from([torch.float64, torch.float32])
@@ -300,22 +299,6 @@ def test_attention_at_extremes_matches_per_sample_sdpa(
     problem, with_bias, with_padding, causal, scale
 ):
     """Every eager path (per-sample views/copies, buckets, equal lengths) via both bucket plans."""
-    q, k, v, bias, padding = problem
-    inputs = [q, k, v] + ([bias] if with_bias else []) + ([padding] if with_padding else [])
+    q, k, v, bias, _ = problem
     tolerance = _attention_tolerance(q, k, v, bias if with_bias else None, scale)
-
-    def unpack(args):
-        q, k, v, *rest = args
-        b = rest.pop(0) if with_bias else None
-        p = rest.pop(0) if with_padding else None
-        return q, k, v, b, p
-
-    def ragged_op(*args):
-        q, k, v, b, p = unpack(args)
-        return raggedfn.attention(q, k, v, bias=b, key_padding=p, causal=causal, scale=scale)
-
-    def reference(*args):
-        q, k, v, b, p = unpack(args)
-        return sdpa_sample(q, k, v, b, p, causal, scale)
-
-    check_against_loop(ragged_op, reference, *inputs, **tolerance)
+    check_problem(problem, with_bias, with_padding, causal, scale, **tolerance)
