@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 
-.PHONY: demo test test-deep lint docs bench bench-quick clean
+.PHONY: demo test test-deep lint docs bench bench-quick mutate clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ $(VENV)/.installed-docs: pyproject.toml constraints.txt | $(PY)
 
 $(VENV)/.installed-bench: pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[test,bench]'
+	touch $@
+
+$(VENV)/.installed-mutate: pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[test,mutate]'
 	touch $@
 
 demo: $(VENV)/.installed-examples
@@ -59,6 +63,11 @@ bench: $(VENV)/.installed-bench
 
 bench-quick: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.run --quick --threads $(BENCH_THREADS)
+
+# mutation testing (docs/testing.md), not part of `make test`: slices in build/mutate/,
+# niced (the machine is shared); MUTATE_SLICES, MUTATE_SAMPLE, MUTATE_JOBS to choose
+mutate: $(VENV)/.installed-mutate
+	nice -n 19 $(PY) -m tests.mutate
 
 clean:
 	rm -rf $(VENV) build site *.egg-info

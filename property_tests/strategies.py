@@ -1,7 +1,11 @@
 """Hypothesis strategies for ``Ragged`` values; reuse them in every property test.
 
 ``raggeds()`` reaches B = 0, B = 1, empty samples and all-equal sizes by
-construction (each is an explicit branch of the draw, not luck).
+construction (each is an explicit branch of the draw, not luck). With
+``values=EXTREMES`` it also reaches numerical extremes by construction: large
+magnitudes (+-1e3), values near +-1e3 that overflow ``exp`` unless shifted,
+``-inf`` entries, all-equal values, ties and subnormal numbers (see
+:func:`extreme_values`).
 """
 
 from __future__ import annotations
@@ -72,6 +76,59 @@ def _random_values(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> tor
     return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
 
 
+# Kinds of values: "normal" draws randn; the rest are the extremes (see extreme_values).
+VALUE_KINDS = ("normal", "large", "shifted", "neg_inf", "all_equal", "ties", "subnormal")
+EXTREMES = st.sampled_from(VALUE_KINDS[1:])
+
+
+def extreme_values(
+    shape: tuple[int, ...], dtype: torch.dtype, seed: int, kind: str
+) -> torch.Tensor:
+    """Floating values of one kind, each an edge a kernel can get wrong.
+
+    Args:
+        shape: the result's shape.
+        dtype: a floating dtype.
+        seed: seeds the generator.
+        kind: ``"normal"`` (randn); ``"large"`` (randn * 1e3: +-1e3 magnitudes);
+            ``"shifted"`` (+-1e3 + randn, one sign: ``exp`` overflows or underflows to
+            0 unless the maximum is subtracted first); ``"neg_inf"`` (randn with about
+            a third of the entries -inf, often whole rows); ``"all_equal"`` (one value
+            everywhere, 0 or +-1e3 or 1.5); ``"ties"`` (+-1e3 * a few half-integers:
+            many exact ties); ``"subnormal"`` (small multiples of the dtype's
+            smallest normal number / 8: subnormal or zero).
+
+    Returns:
+        ``shape`` tensor of ``dtype``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    normal = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if kind == "normal":
+        out = normal
+    elif kind == "large":
+        out = normal * 1e3
+    elif kind == "shifted":
+        sign = 1.0 if torch.rand((), generator=gen) < 0.5 else -1.0
+        out = sign * 1e3 + normal
+    elif kind == "neg_inf":
+        # whole packed rows -inf too: then a sample or a line can be -inf throughout
+        rows = torch.rand(shape[:1], generator=gen) < 0.3
+        hit = (torch.rand(shape, generator=gen) < 0.3) | rows.reshape(-1, *([1] * (len(shape) - 1)))
+        out = torch.where(hit, float("-inf"), normal)
+    elif kind == "all_equal":
+        choice = int(torch.randint(0, 4, (), generator=gen))
+        out = torch.full(shape, (0.0, 1e3, -1e3, 1.5)[choice], dtype=torch.float64)
+    elif kind == "ties":
+        out = torch.round(normal * 1.5) / 2 * 1e3
+    elif kind == "subnormal":
+        # k * 2**-129 (float32) or k * 2**-1025 (float64): exact in float64, subnormal in dtype
+        steps = torch.randint(-4, 5, shape, generator=gen, dtype=torch.float64)
+        out = steps * (torch.finfo(dtype).tiny / 8)
+    else:
+        raise ValueError(f"unknown kind of values {kind!r}; expected one of {VALUE_KINDS}")
+    return out.to(dtype)
+
+
 ANY_RAGGED = st.sampled_from([1, 2])
 ANY_FEATURES = st.sampled_from([(), (3,), (2, 3)])
 
@@ -88,6 +145,7 @@ def raggeds(
     max_size: int = 5,
     min_batch: int = 0,
     square: bool = False,
+    values: str | Any = "normal",
 ) -> Ragged:
     """A ``Ragged`` value drawn with the given options.
 
@@ -100,6 +158,8 @@ def raggeds(
         max_batch, max_size: bounds on B and on each ragged size.
         min_batch: smallest B (use 1 where an op needs a sample).
         square: all ragged sizes of a sample equal (pair states ``N_i x N_i``).
+        values: a kind of floating values (``VALUE_KINDS``) or a strategy for one,
+            e.g. ``EXTREMES``; integer and bool dtypes ignore it.
     """
     if not isinstance(num_ragged, int):
         num_ragged = draw(num_ragged)
@@ -112,11 +172,15 @@ def raggeds(
     lengths = [int(torch.tensor(r).prod()) if r else 1 for r in rows]
     total = sum(lengths)
     seed = draw(st.integers(0, 2**31 - 1))
-    values = _random_values((total, *feature_shape), dtype, seed)
+    kind = values if isinstance(values, str) else draw(values)
+    if kind != "normal" and dtype.is_floating_point:
+        packed = extreme_values((total, *feature_shape), dtype, seed, kind)
+    else:
+        packed = _random_values((total, *feature_shape), dtype, seed)
     if requires_grad and dtype.is_floating_point:
-        values.requires_grad_(True)
+        packed.requires_grad_(True)
     sizes = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), num_ragged)
     offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
     if rows:
         offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
-    return Ragged(values, offsets, sizes, layout)
+    return Ragged(packed, offsets, sizes, layout)

@@ -63,12 +63,13 @@ def problems(draw):
 @settings(deadline=None, max_examples=40)
 @given(problems(), st.booleans(), st.booleans(), st.booleans())
 def test_attention_matches_per_sample_sdpa(problem, with_bias, with_padding, causal):
+    check_problem(problem, with_bias, with_padding, causal)
+
+
+def check_problem(problem, with_bias, with_padding, causal, scale=None, **tolerance):
+    """attention on ``problems()`` (bias and key padding optional) vs SDPA per sample."""
     q, k, v, bias, padding = problem
-    inputs = [q, k, v]
-    if with_bias:
-        inputs.append(bias)
-    if with_padding:
-        inputs.append(padding)
+    inputs = [q, k, v] + ([bias] if with_bias else []) + ([padding] if with_padding else [])
 
     def unpack(args):
         q, k, v, *rest = args
@@ -78,13 +79,13 @@ def test_attention_matches_per_sample_sdpa(problem, with_bias, with_padding, cau
 
     def ragged_op(*args):
         q, k, v, b, p = unpack(args)
-        return raggedfn.attention(q, k, v, bias=b, key_padding=p, causal=causal)
+        return raggedfn.attention(q, k, v, bias=b, key_padding=p, causal=causal, scale=scale)
 
     def reference(*args):
         q, k, v, b, p = unpack(args)
-        return sdpa_sample(q, k, v, b, p, causal)
+        return sdpa_sample(q, k, v, b, p, causal, scale)
 
-    check_against_loop(ragged_op, reference, *inputs)
+    check_against_loop(ragged_op, reference, *inputs, **tolerance)
 
 
 @settings(deadline=None, max_examples=25)

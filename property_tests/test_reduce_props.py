@@ -54,10 +54,13 @@ def _policy(name: str, torch_fn: Callable[..., torch.Tensor]) -> Callable[..., t
 
 
 def _var(s: torch.Tensor, dims: Any, keepdim: bool, correction: int, root: bool) -> torch.Tensor:
+    """torch's var/std evaluated in float64 and rounded to the sample's dtype: raggedfn
+    accumulates them in float64 as torch's CPU forward does; torch's float32 backward
+    rounds in float32 and, where its terms cancel, misses by more than float32 tolerance."""
     with warnings.catch_warnings():  # torch warns where count - correction <= 0 (NaN result)
         warnings.simplefilter("ignore", UserWarning)
         fn = torch.std if root else torch.var
-        return fn(s, dims, correction=correction, keepdim=keepdim)
+        return fn(s.double(), dims, correction=correction, keepdim=keepdim).to(s.dtype)
 
 
 # name -> (raggedfn op(x, dims, keepdim), reference(sample, sample dims, keepdim), tuple dims ok)

@@ -32,3 +32,32 @@ def test_reaches_edge_cases():
 
     probe()
     assert seen == {"B=0", "B=1", "empty sample", "equal sizes"}, seen
+
+
+def test_extreme_values_reach_every_kind():
+    """values=EXTREMES draws each extreme: +-1e3, -inf, all-equal, ties, subnormals."""
+    import torch
+
+    from property_tests.strategies import EXTREMES
+
+    seen = set()
+
+    @settings(deadline=None, max_examples=300, database=None)
+    @given(raggeds(dtype=st.sampled_from([torch.float32, torch.float64]), values=EXTREMES))
+    def probe(x):
+        v = x.values
+        finite = v[torch.isfinite(v)]
+        if (v == float("-inf")).any():
+            seen.add("-inf")
+        if finite.numel() and finite.abs().max() >= 500:
+            seen.add("+-1e3")
+        if v.numel() > 1 and (v == v.reshape(-1)[0]).all():
+            seen.add("all equal")
+        if finite.numel() > len(set(finite.tolist())):
+            seen.add("ties")
+        tiny = torch.finfo(v.dtype).tiny
+        if ((finite != 0) & (finite.abs() < tiny)).any():
+            seen.add("subnormal")
+
+    probe()
+    assert seen == {"-inf", "+-1e3", "all equal", "ties", "subnormal"}, seen

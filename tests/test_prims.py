@@ -3,6 +3,7 @@ composition, empty segments."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -320,3 +321,82 @@ def test_forward_tangents_finite_with_empty_segments(name: str) -> None:
     values = _values().detach()
     _, tangent = jvp(FULL.get(name, PRIMS[name]), (values,), (torch.ones_like(values),))
     assert torch.isfinite(tangent).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_family_subtracts_the_segment_maximum(dtype: torch.dtype) -> None:
+    """exp(1000) overflows and exp(-1000) underflows in both dtypes: only the shift by the
+    segment maximum gives logsumexp 1000 + log 2 and -1000, and softmax 1/2, 1/2, 1."""
+    values = torch.tensor([1000.0, 1000.0, -1000.0], dtype=dtype)
+    segments = torch.tensor([0, 0, 1])
+    lse = _prims.segment_logsumexp(values, segments, 2)
+    want = torch.tensor([1000.0 + torch.log(torch.tensor(2.0)).item(), -1000.0], dtype=dtype)
+    torch.testing.assert_close(lse, want)
+    half = torch.tensor([0.5, 0.5, 1.0], dtype=dtype)
+    torch.testing.assert_close(_prims.segment_softmax(values, segments, 2), half)
+    torch.testing.assert_close(_prims.segment_log_softmax(values, segments, 2), half.log())
+
+
+def test_every_reduction_equals_torch_per_segment_and_the_empty_policy() -> None:
+    """Values of each reduction, segment by segment (unsorted ids, empty segments 1 and 4)."""
+    values = _values().detach()
+    empty = {"sum": 0.0, "mean": float("nan"), "prod": 1.0, "amax": -math.inf, "amin": math.inf}
+    results = {
+        "sum": _prims.segment_sum(values, SEGMENTS, NUM),
+        "mean": _prims.segment_mean(values, SEGMENTS, NUM),
+        "prod": _prims.segment_prod(values, SEGMENTS, NUM),
+        "amax": _prims.segment_amax(values, SEGMENTS, NUM),
+        "amin": _prims.segment_amin(values, SEGMENTS, NUM),
+    }
+    (maxima, argmax), (minima, argmin) = (
+        _prims.segment_max(values, SEGMENTS, NUM),
+        _prims.segment_min(values, SEGMENTS, NUM),
+    )
+    for segment in range(NUM):
+        rows = (SEGMENTS == segment).nonzero().squeeze(1)
+        for name, out in results.items():
+            if segment in PRESENT:
+                want = getattr(torch, name)(values[rows], 0)
+            else:
+                want = torch.full((3,), empty[name], dtype=values.dtype)
+            torch.testing.assert_close(out[segment], want, equal_nan=True, msg=name)
+        if segment in PRESENT:
+            assert torch.equal(argmax[segment], rows[values[rows].argmax(0)])
+            assert torch.equal(argmin[segment], rows[values[rows].argmin(0)])
+        else:
+            assert argmax[segment].eq(-1).all() and argmin[segment].eq(-1).all()
+    assert torch.equal(maxima, results["amax"]) and torch.equal(minima, results["amin"])
+    counts = _prims.segment_counts(SEGMENTS, NUM)
+    assert counts.tolist() == [3, 0, 3, 1, 0]
+    torch.testing.assert_close(
+        _prims.segment_mean(values, SEGMENTS, NUM, counts), results["mean"], equal_nan=True
+    )
+
+
+def test_cumsum_keeps_infinities_inside_their_segment() -> None:
+    inf = math.inf
+    values = torch.tensor([1.0, -inf, 2.0, inf, -inf, 5.0, math.nan], dtype=torch.float32)
+    out = _prims.segment_cumsum(values, STARTS)
+    want = torch.cat([torch.cumsum(values[a:b].double(), 0) for a, b in ((0, 2), (2, 5), (5, 7))])
+    torch.testing.assert_close(out, want.float(), equal_nan=True)
+    assert out.dtype == torch.float32
+    finite = torch.tensor([2.0, -inf, 3.0, 4.0], dtype=torch.float64)
+    assert _prims.segment_cumsum(finite, torch.tensor([0, 0, 2, 2])).tolist() == [2, -inf, 3, 7]
+    tail = torch.tensor([inf, 1.0, inf, -2.0])  # +inf then only +inf: inf, not NaN
+    assert _prims.segment_cumsum(tail, torch.tensor([0, 1, 1, 1])).tolist() == [inf, 1, inf, inf]
+
+
+def test_pad_default_fill_and_unpad_with_length_unlike_the_feature_size() -> None:
+    values = _values().detach()  # [7, 3]; padded length 4 differs from the 3 features
+    padded = _prims.pad(values, SORTED, POSITIONS, 4, 4)
+    assert padded.shape == (4, 4, 3)
+    assert padded[1].eq(0).all() and padded[0, 2:].eq(0).all() and padded[2, 3].eq(0).all()
+    torch.testing.assert_close(_prims.unpad(padded, SORTED, POSITIONS), values)
+    torch.testing.assert_close(padded[2, :3], values[2:5])
+
+
+def test_integer_product_takes_the_plain_path() -> None:
+    values = torch.tensor([[2, 3], [4, 5], [1, -1], [3, 2], [5, 5], [7, 1], [6, 2]])
+    out = _prims.segment_prod(values, SEGMENTS, NUM)
+    assert out.dtype == torch.int64
+    assert out.tolist() == [[48, 30], [1, 1], [15, -10], [7, 1], [1, 1]]

@@ -198,3 +198,46 @@ def test_per_example_grads_over_two_ragged_axes(name: str) -> None:
     per_example = vmap(grad(loss))(stacked)
     assert per_example.isfinite().all()
     torch.testing.assert_close(per_example, torch.stack([grad(loss)(v) for v in stacked]))
+
+
+def test_logsumexp_over_ragged_and_dense_axes_with_an_all_minus_inf_row_has_torchs_gradient():
+    """A dense row that is -inf throughout, reduced with finite rows of its sample: torch's
+    gradient is finite (0 there); a dense torch.logsumexp step first gave NaN."""
+    inf = float("-inf")
+    sample = torch.tensor(
+        [[inf, 0.25, 0.5], [inf, inf, inf], [-1.5, 0.5, -1.0]], dtype=torch.float64
+    )
+    values = sample.clone().requires_grad_(True)
+    out = raggedfn.logsumexp(raggedfn.from_list([values]), (1, 2))
+    (got,) = torch.autograd.grad(out.sum(), values)
+    leaf = sample.clone().requires_grad_(True)
+    want = torch.logsumexp(leaf, (0, 1))
+    torch.testing.assert_close(out, want.reshape(1))
+    torch.testing.assert_close(got, torch.autograd.grad(want, leaf)[0])
+
+
+def test_std_of_all_equal_values_has_gradient_zero_as_torch():
+    """Zero variance: torch.std's gradient is 0 (its rule masks it); sqrt alone gave NaN."""
+    values = torch.full((4, 2), 1.5, dtype=torch.float64, requires_grad=True)
+    x = raggedfn.from_lengths(values, [3, 1])
+    (got,) = torch.autograd.grad(raggedfn.std(x, 1, correction=0).sum(), values)
+    leaf = values.detach().clone().requires_grad_(True)
+    want = torch.std(leaf[:3], 0, correction=0).sum() + torch.std(leaf[3:], 0, correction=0).sum()
+    torch.testing.assert_close(got, torch.autograd.grad(want, leaf)[0])
+    assert torch.equal(got, torch.zeros_like(got))
+
+
+def test_float32_var_and_std_of_subnormal_values_accumulate_like_torch():
+    """torch's CPU var/std accumulate float32 in float64: squares of 4e-39 do not vanish."""
+    sample = torch.tensor([4.4e-39, -4.4e-39, 0.0], dtype=torch.float32)
+    values = sample.clone().requires_grad_(True)
+    x = raggedfn.from_list([values])
+    leaf = sample.clone().requires_grad_(True)
+    for op in (raggedfn.std, raggedfn.var):
+        out = op(x, 1)
+        want = getattr(torch, op.__name__)(leaf, 0)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, want.reshape(1), rtol=1e-6, atol=0.0)
+    assert float(raggedfn.std(x, 1).detach()[0]) > 0  # var itself underflows, as torch's
+    (got,) = torch.autograd.grad(raggedfn.std(x, 1).sum(), values)
+    torch.testing.assert_close(got, torch.autograd.grad(torch.std(leaf, 0), leaf)[0])

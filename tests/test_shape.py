@@ -105,3 +105,19 @@ def test_no_input_is_modified() -> None:
     raggedfn.squeeze(raggedfn.unsqueeze(x, 1))
     raggedfn.permute(x, (0, 3, 2, 1))
     assert x.values._version == before
+
+
+@pytest.mark.parametrize("dims", [(0, 2, 3, 1), (0, 3, 1, 2), (0, -1, -3, -2)])
+def test_permute_by_a_three_cycle_moves_axis_dims_i_to_i(dims) -> None:
+    """A 3-cycle is not its own inverse: axis i of the result is axis dims[i] of x."""
+    x = raggedfn.from_list(
+        [torch.arange(24.0).reshape(2, 3, 4), torch.arange(60.0).reshape(3, 4, 5)],
+        ragged_dims=(1, 2, 3),
+    )
+    y = raggedfn.permute(x, dims)
+    assert y.values is x.values
+    order = [d % 4 - 1 for d in dims[1:]]
+    for i in range(2):
+        assert torch.equal(y[i], x[i].permute(*order))
+    dense = raggedfn.from_list([torch.arange(24.0).reshape(2, 3, 4)])
+    assert torch.equal(raggedfn.permute(dense, dims)[0], dense[0].permute(*order))

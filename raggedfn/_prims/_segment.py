@@ -101,6 +101,19 @@ def _accumulator(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
+def _running(values: Tensor, starts: Tensor) -> Tensor:
+    """Inclusive running sum inside contiguous segments: the running sum over all rows
+    minus its value just before each row's segment start."""
+    running = torch.cumsum(values, 0)
+    before = torch.cat([running.new_zeros((1, *running.shape[1:])), running[:-1]])
+    return running - take_rows(before, starts)
+
+
+# +inf and -inf (NaN counts as both) in a segment prefix, packed into one int64 running sum:
+# counts stay below 2**31, so the difference of two running codes splits exactly
+_NEGATIVE = 1 << 31
+
+
 def segment_cumsum(values: Tensor, starts: Tensor) -> Tensor:
     """Inclusive running sum along packed order inside contiguous segments.
 
@@ -115,12 +128,27 @@ def segment_cumsum(values: Tensor, starts: Tensor) -> Tensor:
         the segment start: one ``cumsum`` and two gathers, no host sync.
         Floating inputs below float64 accumulate in float64 so that the
         difference loses nothing at their precision; float64 inputs lose up
-        to ``T * eps`` relative to the largest running total.
+        to ``T * eps`` relative to the largest running total. Infinite and NaN
+        entries are kept out of that difference (``inf - inf`` would spill NaN
+        into later segments): they are counted per prefix instead, giving
+        ``+-inf`` or NaN exactly where ``torch.cumsum`` of the segment does. Their
+        own gradient is 0, which is torch's wherever the loss is finite (every
+        output downstream of them is infinite or NaN).
     """
     out_dtype = torch.int64 if _accumulator(values.dtype) == torch.int64 else values.dtype
-    running = torch.cumsum(values.to(_accumulator(values.dtype)), 0)
-    before = torch.cat([running.new_zeros((1, *running.shape[1:])), running[:-1]])
-    return (running - take_rows(before, starts)).to(out_dtype)
+    wide = values.to(_accumulator(values.dtype))
+    if not wide.is_floating_point():
+        return _running(wide, starts).to(out_dtype)
+    finite = torch.isfinite(wide)
+    total = _running(torch.where(finite, wide, torch.zeros_like(wide)), starts)
+    up = (wide == float("inf")) | torch.isnan(wide)
+    down = (wide == float("-inf")) | torch.isnan(wide)
+    code = _running(up.to(torch.int64) + down.to(torch.int64) * _NEGATIVE, starts)
+    positive, negative = code % _NEGATIVE > 0, code >= _NEGATIVE
+    total = torch.where(positive, float("inf"), total)
+    total = torch.where(negative, float("-inf"), total)
+    total = torch.where(positive & negative, float("nan"), total)
+    return total.to(out_dtype)
 
 
 def pad(

@@ -179,13 +179,24 @@ def logsumexp(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
         return full_result(x, torch.logsumexp(x.values.reshape(-1), 0), keepdim)
     p = plan(x, axes)
 
-    def dense(v: Tensor, dims: tuple[int, ...]) -> Tensor:
-        return torch.logsumexp(v, dims, keepdim=True)
-
     def segment(v: Tensor, segments: Tensor, num: int, _counts: Tensor) -> Tensor:
         return segment_logsumexp(v, segments, num)
 
-    return finish(x, p, apply(p, x.values, dense, segment), keepdim)
+    return finish(x, p, apply(p, x.values, _dense_logsumexp, segment), keepdim)
+
+
+def _dense_logsumexp(values: Tensor, dims: tuple[int, ...]) -> Tensor:
+    """``torch.logsumexp(values, dims, keepdim=True)`` with a finite gradient for a line that
+    is -inf throughout (torch's is NaN there: exp(-inf - -inf)). Its -inf then meets finite
+    rows of the same sample in the segment step, where torch's own gradient is finite too."""
+    if _size(values, dims) == 0:
+        return torch.logsumexp(values, dims, keepdim=True)
+    peak = values.detach().amax(dims, keepdim=True)
+    shift = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    total = torch.exp(values - shift).sum(dims, keepdim=True)
+    present = total > 0
+    safe = torch.where(present, total, torch.ones_like(total))
+    return torch.where(present, torch.log(safe), float("-inf")) + shift
 
 
 def prod(
@@ -231,11 +242,22 @@ def prod(
     return finish(x, p, apply(p, values, dense, segment), keepdim)
 
 
+def _spread(fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool, root: bool) -> Result:
+    """var (or std, ``root``) accumulated in float64 below float64, as torch's CPU var/std:
+    squares of values below ~1e-19 (subnormals among them) vanish in float32, and the
+    result rounds only once."""
+    x = require_ragged(x, fn)
+    _require_float(fn, x)
+    dtype = x.dtype
+    if dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = x.with_values(x.values.to(torch.float64))
+    result = _moment(fn, x, dim, correction, keepdim, root)
+    return result if x.dtype == dtype else map_result(result, lambda v: v.to(dtype))
+
+
 def _moment(
     fn: str, x: Ragged, dim: Dim, correction: float, keepdim: bool, root: bool = False
 ) -> Result:
-    x = require_ragged(x, fn)
-    _require_float(fn, x)
     axes = reduced_axes(x, dim, fn)
     values = x.values
     if axes is None:
@@ -271,8 +293,13 @@ def _variance(squares: Tensor, count: Tensor, correction: float, root: bool = Fa
     dof = count - correction
     positive = dof > 0
     quotient = squares / torch.where(positive, dof, torch.ones_like(dof))
-    if root:  # behind the where too: a forward-mode tangent there is 0, not 0 / sqrt(NaN)
-        quotient = torch.sqrt(torch.where(positive, quotient, torch.ones_like(quotient)))
+    if root:
+        # behind the wheres: the tangent at an undefined variance is 0 (not 0 / sqrt(NaN)),
+        # and at a zero variance (all-equal values) the gradient is 0 as torch.std's
+        # (sqrt alone gives inf * 0 = NaN there)
+        nonzero = positive & (quotient > 0)
+        safe = torch.sqrt(torch.where(nonzero, quotient, torch.ones_like(quotient)))
+        quotient = torch.where(nonzero, safe, torch.zeros_like(quotient))
     undefined = torch.where(squares.detach() > 0, float("inf"), float("nan")).to(quotient.dtype)
     return torch.where(positive, quotient, undefined)
 
@@ -302,7 +329,7 @@ def var(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = Fa
         >>> raggedfn.var(x, 1)
         tensor([2., 0.])
     """
-    return _moment("var", x, dim, correction, keepdim)
+    return _spread("var", x, dim, correction, keepdim, root=False)
 
 
 def std(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = False) -> Result:
@@ -327,7 +354,7 @@ def std(x: Ragged, dim: Dim = None, *, correction: float = 1, keepdim: bool = Fa
         >>> raggedfn.std(x, 1, correction=0)
         tensor([1., 0.])
     """
-    return _moment("std", x, dim, correction, keepdim, root=True)
+    return _spread("std", x, dim, correction, keepdim, root=True)
 
 
 def _logical(fn: str, x: Ragged, dim: Dim, keepdim: bool, every: bool) -> Result:
