@@ -1,9 +1,8 @@
 """``raggedfn.map`` over nested values: ``f`` gets a one-level ``Ragged`` per sample.
 
-What works today (``f`` returns tensors) is checked against the per-sample loop;
-what the issue asks and map does not do yet (``f`` returning a ``Ragged``, or
-Ragged operators on the sample) is a strict xfail naming the gap, so the test
-turns red when map learns it and the marker must go.
+``map`` runs ``f`` per sample on them (with a ``RaggedPerformanceWarning``; no
+batched trace of nested values yet): tensor results restack as usual, ``Ragged``
+results as a value with one nested level more, each checked against the loop.
 """
 
 from __future__ import annotations
@@ -26,6 +25,12 @@ def _documents() -> raggedfn.Ragged:
     return raggedfn.from_list([[t(2), t(3)], [], [t(1)], [t(0), t(4)]])
 
 
+def _map(f: Callable[[raggedfn.Ragged], Any], x: raggedfn.Ragged) -> Any:
+    """``raggedfn.map`` over a nested value: it runs per sample and warns so."""
+    with pytest.warns(raggedfn.RaggedPerformanceWarning, match="nested value"):
+        return raggedfn.map(f, x)
+
+
 def _loop(f: Callable[[raggedfn.Ragged], Any], x: raggedfn.Ragged) -> list[Any]:
     return [f(x[i]) for i in range(x.batch_size)]
 
@@ -39,7 +44,7 @@ def test_samples_are_one_level_ragged_values() -> None:
             seen.append(sample)
         return raggedfn.sum(sample, 1)
 
-    raggedfn.map(f, x)
+    _map(f, x)
     assert seen and all(s.layout == raggedfn.Layout("r0 d0") for s in seen)
 
 
@@ -53,19 +58,13 @@ def test_samples_are_one_level_ragged_values() -> None:
 )
 def test_dense_results_equal_the_loop(f: Callable[[raggedfn.Ragged], Any]) -> None:
     x = _documents()
-    got = raggedfn.map(f, x)
+    got = _map(f, x)
     expected = _loop(f, x)
     assert isinstance(got, raggedfn.Ragged)
     assert got.lengths.tolist() == [e.shape[0] for e in expected]
     torch.testing.assert_close(got.values, torch.cat(expected))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="raggedfn.map over nested values: a Ragged returned by f is flattened as a pytree "
-    "and restacked leaf by leaf (values=Ragged); the trace treats nested axes as "
-    "rectangular (raggedfn/_map, lead)",
-)
 @pytest.mark.parametrize(
     "f",
     [
@@ -77,7 +76,7 @@ def test_dense_results_equal_the_loop(f: Callable[[raggedfn.Ragged], Any]) -> No
 )
 def test_ragged_results_restack_as_nested_values(f: Callable[[raggedfn.Ragged], Any]) -> None:
     x = _documents()
-    got = raggedfn.map(f, x)
+    got = _map(f, x)
     expected = raggedfn.from_list(_loop(f, x))
     assert isinstance(got, raggedfn.Ragged) and isinstance(got.values, torch.Tensor)
     assert got.layout == expected.layout
@@ -85,3 +84,11 @@ def test_ragged_results_restack_as_nested_values(f: Callable[[raggedfn.Ragged], 
     for mine, theirs in zip(got.row_offsets, expected.row_offsets, strict=True):
         assert torch.equal(mine, theirs)
     torch.testing.assert_close(got.values, expected.values)
+
+
+def test_map_over_nested_values_runs_per_sample_and_says_so() -> None:
+    x = _documents()
+    report = raggedfn.map_report(lambda s: raggedfn.sum(s, 1), x)  # (records, no warning)
+    assert not report.fully_batched and "nested" in report.whole_loop
+    with pytest.raises(raggedfn.RaggedError, match="strict=True refuses"):
+        raggedfn.map(lambda s: raggedfn.sum(s, 1), x, strict=True)

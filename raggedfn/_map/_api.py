@@ -277,6 +277,15 @@ def _map(
         # trace fails and the outer call runs per sample, where this call is ordinary
         raise Unsupported("map nested inside a mapped function is not batched")
     dims, leaves, treespec, kinds, batch_size = _prepare("map", args, in_dims)
+    if any(k == "ragged" and leaf.row_offsets for leaf, k in zip(leaves, kinds, strict=True)):
+        # a nested value's samples are one-level Ragged values: f runs on each of them
+        # (its sizes count elements per level, not extents; no trace of them yet)
+        reason = "f maps over a nested value (its samples are Ragged values)"
+        if torch.compiler.is_compiling():
+            raise fail("map", f"{reason}: not supported inside torch.compile")
+        return _whole_loop(
+            f, args, dims, batch_size, None, reason, strict, randomness, report, None
+        )
     if torch.compiler.is_compiling():
         return compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)
     variant, lifted, entry, classes = _lookup(f, leaves, kinds, treespec, dims)

@@ -165,7 +165,7 @@ def function_loop(
             "map",
             "f could not be traced and the batch is empty, so the output structure is unknown",
         )
-    flat = [pytree.tree_flatten(r) for r in results]
+    flat = [pytree.tree_flatten(r, is_leaf=lambda v: isinstance(v, Ragged)) for r in results]
     spec = flat[0][1]
     for i, (_, other) in enumerate(flat):
         if other != spec:
@@ -197,6 +197,8 @@ def _input_sizes(
 def _stack_column(
     col: list[Any], positions: tuple[int, ...] | None, input_sizes: list[set[int]]
 ) -> Any:
+    if all(isinstance(c, Ragged) for c in col):
+        return from_list(col)  # per-sample Ragged values: one nested level more
     if not all(isinstance(c, Tensor) for c in col):
         if all(isinstance(c, (bool, int, float, complex)) for c in col):
             return torch.tensor(col)
