@@ -428,3 +428,96 @@ def test_a_module_with_hooks_runs_per_sample_so_its_hooks_run_per_call():
         out = raggedfn.map(lambda t: model.linear(t).sum(0), x)
     assert model.calls == 3
     assert_same(out, [model.linear(s).sum(0) for s in samples(x)])
+
+
+# ----- output structure decided by f, never by the batch ------------------------------------
+
+_SHARED = torch.zeros(2, dtype=torch.float64)
+
+
+def _relu_then_mean(t):
+    t.relu_()  # a write into the argument: the loop runs, with the trace's structure
+    return t.mean(0)
+
+
+def _one_row_branch(t):
+    return t * 2 + 1 if t.shape[0] == 1 else t - 1
+
+
+def _pinned_then_cat(t):
+    n = len(t) // 2  # len() pins the size: a second trace tells the ragged axes apart
+    return torch.cat([t, t * 0.5], 0), n
+
+
+def _passthrough_after_shared_write(t):
+    _SHARED.add_(1)
+    return t
+
+
+def _setitem_then_number(t):
+    h = t.clone()
+    if h.shape[0] > 0:
+        h[0] = h[0] * 3
+    return h, float(h.shape[0])
+
+
+def _pair_norm_branch(t):
+    h = t / torch.linalg.vector_norm(t, 2, dim=-1, keepdim=True).clamp_min(0.1)
+    return h + 1 if h.shape[1] > 0 else h * 0.5
+
+
+def _mask_of_empty(t):
+    return t[t[:, 0] > 0], torch.nonzero(t[:, 0] > 0)
+
+
+def _kind(value):
+    return [
+        isinstance(v, raggedfn.Ragged) for v in (value if isinstance(value, tuple) else (value,))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("f", "batches", "pairs"),
+    [
+        (_relu_then_mean, [(2, 0), (2, 2)], False),
+        (_one_row_branch, [(1, 3), (1, 1)], False),
+        (_pinned_then_cat, [(2, 1, 2, 0), (0,), (3, 3)], False),
+        (_passthrough_after_shared_write, [(0, 1, 3, 0), (0, 0)], False),
+        (_setitem_then_number, [(0, 1), (0, 0)], False),
+        (_pair_norm_branch, [(1, 0), (1, 1)], True),
+        (_mask_of_empty, [(0,), (0, 3, 1)], False),
+    ],
+    ids=[
+        "write-then-mean",
+        "branch-on-one",
+        "len-then-cat",
+        "passthrough",
+        "setitem",
+        "pairs",
+        "mask-empty",
+    ],
+)
+def test_output_kind_follows_f_not_the_batch(f, batches, pairs):
+    """Values equal the loop's, and every batch gives the same Ragged/dense kind per output
+    (issue #12: output structure is decided by f, never by this batch's lengths)."""
+    kinds = set()
+    for lengths in batches:
+        gen = torch.Generator().manual_seed(len(lengths))
+        shapes = [(n, n if n != 1 or not pairs else 0) if pairs else (n,) for n in lengths]
+        data = [torch.randn(*s, 2, generator=gen, dtype=torch.float64) for s in shapes]
+        x = raggedfn.from_list(data, ragged_dims=(1, 2) if pairs else (1,))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RaggedPerformanceWarning)
+            got = raggedfn.map(f, x)
+        expected = [f(s.clone()) for s in data]
+        if isinstance(got, tuple):
+            for j, leaf in enumerate(got):
+                column = [e[j] for e in expected]
+                if isinstance(column[0], torch.Tensor):
+                    assert_same(leaf, column)
+                else:  # per-sample numbers restack to a [B] tensor
+                    assert isinstance(leaf, torch.Tensor) and leaf.tolist() == column
+        else:
+            assert_same(got, expected)
+        kinds.add(tuple(_kind(got)))
+    assert len(kinds) == 1, kinds

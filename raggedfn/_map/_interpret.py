@@ -160,6 +160,13 @@ def _run_step(
             return result
         except Unsupported as error:
             reason = str(error)
+        except (AttributeError, IndexError, RuntimeError) as error:
+            if not plan.pinned:
+                raise
+            # a plan traced where a guard fixed a ragged size: its fixed sizes and the
+            # batched values' ragged axes can disagree in ways a rule does not expect;
+            # the per-sample loop of this node is exact
+            reason = f"a trace with a ragged size fixed by a guard ({type(error).__name__})"
     if torch.compiler.is_compiling():
         raise fail(
             "map",
