@@ -5,6 +5,8 @@ Each *row* pairs raggedfn with what a user would call instead, on the same data:
 - ``sum``: ``raggedfn.sum(x, 1)`` vs ``torch.segment_reduce(values, "sum", lengths=)``;
 - ``softmax``: ``raggedfn.softmax(x, 1)`` vs PyG's ``torch_geometric.utils.softmax``
   (``index=``) where installed, else a per-sample loop of ``torch.softmax``;
+- ``softmax_kernel``: the same ``raggedfn.softmax`` vs one unsegmented ``torch.softmax``
+  of the values (the kernel-call unit of the issue's "3x the kernel" target);
 - ``from_lengths``: the validated constructor vs ``torch.segment_reduce`` of the
   same lengths (one torch kernel call: the unit the issue's targets are written in);
 - ``map``: a trivial ``raggedfn.map(lambda s: s * 2, x)`` vs ``values * 2``;
@@ -23,7 +25,7 @@ wall time also counts the slices other processes ran in, which swamps
 microsecond calls; with one thread all of torch's work runs in this process.
 
 Run: ``python -m benchmarks.overhead [--rounds 15] [--only sum --only gat_small]``;
-writes ``benchmarks/results/overhead.json`` and ``.md``.
+writes ``benchmarks/results/overhead/overhead.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from torch import Tensor
 import raggedfn
 from benchmarks.harness import machine
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# not results/*.json: those are the harness suites' records (tests/test_harness.py reads them)
+RESULTS = Path(__file__).resolve().parent / "results" / "overhead"
 
 
 @dataclass
@@ -92,6 +95,13 @@ def tiny_pairs(device: str = "cpu") -> list[Pair]:
             lambda: raggedfn.sum(x, 1),
             lambda: torch.segment_reduce(values, "sum", lengths=lengths),
             _plain,
+        ),
+        Pair(
+            "softmax_kernel",
+            "torch.softmax (unsegmented)",
+            lambda: raggedfn.softmax(x, 1),
+            lambda: torch.softmax(values, 0),
+            lambda out: [],  # different results: the kernel-call unit only
         ),
         Pair(
             "from_lengths",

@@ -42,9 +42,18 @@ def test_reductions(name, data):
     dims = data.draw(reduced_dims(x, tuples))
     keepdim = data.draw(st.booleans())
     sample_dims = _sample_dims(x, dims)
+
+    def reference(s):
+        if name != "std":
+            return ref(s, sample_dims, keepdim)
+        # torch 2.13's float32 std forward derivative loses ~eps * |x| / std: on a
+        # near-constant sample (values ~1, std ~1e-3) it is off by 5e-4 from the exact
+        # tangent, where raggedfn's is off by 2e-6; the reference runs in float64
+        return ref(s.double(), sample_dims, keepdim).to(s.dtype)
+
     check_jvp_against_loop(
         lambda a: op(a, dims, keepdim),
-        lambda s: ref(s, sample_dims, keepdim),
+        reference,
         x,
         dual=data.draw(st.booleans()),
         nan_tangent_is_zero=name in ("var", "var0", "std"),

@@ -8,7 +8,7 @@ import torch
 from benchmarks import overhead
 
 
-@pytest.mark.parametrize("name", ["sum", "softmax", "from_lengths", "map"])
+@pytest.mark.parametrize("name", ["sum", "softmax", "softmax_kernel", "from_lengths", "map"])
 def test_tiny_rows_agree_and_time(name):
     pair = next(p for p in overhead.tiny_pairs() if p.name == name)
     overhead.check(pair)

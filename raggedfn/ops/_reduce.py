@@ -296,10 +296,12 @@ def _variance(squares: Tensor, count: Tensor, correction: float, root: bool = Fa
     if root:
         # behind the wheres: the tangent at an undefined variance is 0 (not 0 / sqrt(NaN)),
         # and at a zero variance (all-equal values) the gradient is 0 as torch.std's
-        # (sqrt alone gives inf * 0 = NaN there)
+        # (sqrt alone gives inf * 0 = NaN there); a NaN variance (an infinite input)
+        # stays NaN, as torch.std's
         nonzero = positive & (quotient > 0)
         safe = torch.sqrt(torch.where(nonzero, quotient, torch.ones_like(quotient)))
-        quotient = torch.where(nonzero, safe, torch.zeros_like(quotient))
+        rest = torch.where(torch.isnan(quotient), quotient, torch.zeros_like(quotient))
+        quotient = torch.where(nonzero, safe, rest)
     undefined = torch.where(squares.detach() > 0, float("inf"), float("nan")).to(quotient.dtype)
     return torch.where(positive, quotient, undefined)
 

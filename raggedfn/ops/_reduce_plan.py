@@ -144,17 +144,55 @@ def finish(x: Ragged, p: Plan, values: Tensor, keepdim: bool) -> Ragged | Tensor
     (size 1) and each reduced ragged axis becomes a new dense axis of size 1 at
     its logical position. No ragged axis left: a dense ``[B, *logical]`` tensor.
     """
-    num_dense = x.layout.num_dense
-    layout = static_axes(x.layout)
-    reduced = [layout[q - 1] for q in p.axes]
+    shape = _result_shape(x.layout, p.axes, keepdim)
+    if keepdim:
+        values = values.reshape(*values.shape, *([1] * shape.added))
+    elif shape.dropped:
+        values = values.squeeze(shape.dropped)
+    if shape.layout is None:
+        return values.permute(shape.permutation)
+    if p.offsets is None:
+        return Ragged(values, x.offsets, x.sizes, shape.layout, x.row_offsets)
+    assert p.sizes is not None
+    return Ragged(values, p.offsets, p.sizes, shape.layout, p.row_offsets)
+
+
+class _Shape(NamedTuple):
+    """What a reduction does to the axes: see :func:`_result_shape`."""
+
+    layout: Layout | None  # the result's, or None when no ragged axis is left
+    permutation: tuple[int, ...]  # of the dense result's axes (batch first)
+    added: int  # reduced ragged axes kept as dense axes of size 1 (keepdim)
+    dropped: tuple[int, ...]  # values axes squeezed away (reduced dense axes, no keepdim)
+
+
+# eager answers of _result_shape, by (layout code, reduced axes, keepdim)
+_SHAPES: dict[tuple[str, tuple[int, ...], bool], _Shape] = {}
+
+
+def _result_shape(layout: Layout, reduced_axes: tuple[int, ...], keepdim: bool) -> _Shape:
+    """The result's axes after reducing logical ``reduced_axes`` (static: remembered eagerly)."""
+    if torch.compiler.is_compiling():
+        return _compute_shape(layout, reduced_axes, keepdim)
+    key = (layout.code, reduced_axes, keepdim)
+    found = _SHAPES.get(key)
+    if found is None:
+        found = _SHAPES[key] = _compute_shape(layout, reduced_axes, keepdim)
+    return found
+
+
+def _compute_shape(layout: Layout, reduced_axes: tuple[int, ...], keepdim: bool) -> _Shape:
+    num_dense = layout.num_dense
+    sample = static_axes(layout)
+    reduced = [sample[q - 1] for q in reduced_axes]
     dropped = sorted(index for ragged, index in reduced if not ragged)
     reduced_ragged = [index for ragged, index in reduced if ragged]
     axes: list[Axis] = []
     next_ragged = 0
     added = 0
-    nested = x.layout.num_nested > 0
-    for position, (ragged, index) in enumerate(layout):
-        removed = position + 1 in p.axes
+    nested = layout.num_nested > 0
+    for position, (ragged, index) in enumerate(sample):
+        removed = position + 1 in reduced_axes
         if ragged and not removed:
             # Kept ragged axes keep their storage (k) order (a nested chain stays one).
             new = index - sum(1 for k in reduced_ragged if k < index)
@@ -166,16 +204,10 @@ def finish(x: Ragged, p: Plan, values: Tensor, keepdim: bool) -> Ragged | Tensor
         elif not ragged and (keepdim or not removed):
             shift = 0 if keepdim else sum(1 for j in dropped if j < index)
             axes.append(Axis(False, index - shift))
-    if keepdim:
-        values = values.reshape(*values.shape, *([1] * added))
-    elif dropped:
-        values = values.squeeze(tuple(1 + j for j in dropped))
+    squeezed = () if keepdim else tuple(1 + j for j in dropped)
     if next_ragged == 0:
-        return values.permute(0, *(1 + a.index for a in axes))
-    if p.offsets is None:
-        return Ragged(values, x.offsets, x.sizes, Layout(tuple(axes)), x.row_offsets)
-    assert p.sizes is not None
-    return Ragged(values, p.offsets, p.sizes, Layout(tuple(axes)), p.row_offsets)
+        return _Shape(None, (0, *(1 + a.index for a in axes)), added, squeezed)
+    return _Shape(Layout(tuple(axes)), (), added, squeezed)
 
 
 def full_result(x: Ragged, value: Tensor, keepdim: bool) -> Tensor:
