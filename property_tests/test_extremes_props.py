@@ -68,8 +68,10 @@ def _tolerance(name: str, x: raggedfn.Ragged, grad: bool = False) -> dict[str, f
     eps = torch.finfo(x.dtype).eps
     count = max(1, x.values.numel())  # at most this many terms meet in one result
     degree = DEGREE[name]
-    if degree is None:  # products: relative only
-        return {"rtol": 4 * count * eps, "atol": torch.finfo(x.dtype).tiny}
+    if degree is None:  # products: relative only, down to the smallest normal number
+        # a gradient is a cotangent (|c| < 4 or so) times a product that may underflow in
+        # one order of multiplication and not in another: the floor scales with |c|
+        return {"rtol": 4 * count * eps, "atol": torch.finfo(x.dtype).tiny * (4 if grad else 1)}
     # a gradient moves by eps * scale wherever the op subtracts or exponentiates its inputs
     # (softmax-like gradients exp(x - lse)); the cotangents are randn (|c| < 4 or so)
     power = 1 if grad else degree
