@@ -298,7 +298,7 @@ def _variance(squares: Tensor, count: Tensor, correction: float, root: bool = Fa
         # and at a zero variance (all-equal values) the gradient is 0 as torch.std's
         # (sqrt alone gives inf * 0 = NaN there); a NaN variance (an infinite input)
         # stays NaN, as torch.std's
-        nonzero = positive & (quotient != 0)  # NaN (an inf among the values) stays NaN
+        nonzero = positive & (quotient > 0)
         safe = torch.sqrt(torch.where(nonzero, quotient, torch.ones_like(quotient)))
         rest = torch.where(torch.isnan(quotient), quotient, torch.zeros_like(quotient))
         quotient = torch.where(nonzero, safe, rest)
