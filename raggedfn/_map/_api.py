@@ -147,7 +147,9 @@ def _new_variant(
     variant = Variant(static, deps)
     hints = tuple(_HINTS[c % len(_HINTS)] for c in range(len(classes)))
     plan = _trace_plan(f, leaves, kinds, treespec, classes, hints, deps)
-    variant.structure = _structure(f, plan, leaves, kinds, treespec, classes, hints, deps)
+    variant.structure = _structure(
+        plan, hints, lambda h: _trace_plan(f, leaves, kinds, treespec, classes, h, deps)
+    )
     if isinstance(plan, Failure):
         variant.failure = plan.reason
         return variant, lifted, True
@@ -156,14 +158,9 @@ def _new_variant(
 
 
 def _structure(
-    f: Any,
     plan: Plan | Failure,
-    leaves: list[Any],
-    kinds: list[str],
-    treespec: Any,
-    classes: tuple[int, ...],
     hints: tuple[int, ...],
-    deps: Any,
+    retrace: Callable[[tuple[int, ...]], Plan | Failure],
 ) -> list[tuple[int, ...]] | None:
     """The ragged axes of each output, as f's first trace gives them (None when the trace
     stopped before its end). A trace in which a guard fixed a ragged size (``len(t)``,
@@ -174,7 +171,7 @@ def _structure(
         return None
     positions = [set(ragged_positions_of(s)) for s in specs]
     if pinned:
-        other = _trace_plan(f, leaves, kinds, treespec, classes, tuple(h + 2 for h in hints), deps)
+        other = retrace(tuple(h + 2 for h in hints))
         more, _ = _specs(other)
         if more is None or len(more) != len(specs):
             return None

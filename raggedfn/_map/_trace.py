@@ -12,11 +12,14 @@ the batched plan runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import operator
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import sympy  # type: ignore[import-untyped]
@@ -356,6 +359,41 @@ def _symbol(env: ShapeEnv, hint: int, name: str) -> Any:
     return env.create_symintnode(sym, hint=hint, source=source)
 
 
+def _under_tracing(fn: Callable[..., Plan]) -> Callable[..., Plan]:
+    """``fn`` run inside :func:`_tracing`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Plan:
+        with _tracing():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """Process-wide tracing state for one trace, always restored."""
+    with _LOCK:
+        flag = torch.fx._symbolic_trace._is_fx_tracing_flag
+        _STATE.active = True
+        hook = torch.nn.modules.module.register_module_forward_pre_hook(_refuse_hooked)
+        try:
+            # inside torch's meta functions, backed sizes are reasoned about like
+            # unbacked ones: t[:1] has size Min(1, s) instead of 1 under a guard; the
+            # fake tensor cache rebuilds outputs with guards of its own on storage
+            # sizes (Ne(numel, 0)): layout bookkeeping, not values
+            with (
+                fx_config.patch(backed_size_oblivious=True),  # type: ignore[attr-defined]
+                dynamo_config.patch(fake_tensor_cache_enabled=False),
+            ):
+                yield
+        finally:
+            hook.remove()
+            _STATE.active = False
+            torch.fx._symbolic_trace._is_fx_tracing_flag = flag
+
+
+@_under_tracing
 def trace(
     fn: Any,
     leaves: list[Any],
@@ -373,37 +411,6 @@ def trace(
     compares sizes (the comparison is recorded as a guard either way).
     ``lifted_ids`` maps ``id`` of each tensor ``fn`` captures to its lifted slots.
     """
-    with _LOCK:
-        flag = torch.fx._symbolic_trace._is_fx_tracing_flag
-        _STATE.active = True
-        try:
-            # inside torch's meta functions, backed sizes are reasoned about like
-            # unbacked ones: t[:1] has size Min(1, s) instead of 1 under a guard
-            hook = torch.nn.modules.module.register_module_forward_pre_hook(_refuse_hooked)
-            try:
-                # the fake tensor cache rebuilds outputs with guards of its own on
-                # storage sizes (Ne(numel, 0)): layout bookkeeping, not values
-                with (
-                    fx_config.patch(backed_size_oblivious=True),  # type: ignore[attr-defined]
-                    dynamo_config.patch(fake_tensor_cache_enabled=False),
-                ):
-                    return _trace(fn, leaves, kinds, treespec, classes, hints, lifted_ids)
-            finally:
-                hook.remove()
-        finally:
-            _STATE.active = False
-            torch.fx._symbolic_trace._is_fx_tracing_flag = flag
-
-
-def _trace(
-    fn: Any,
-    leaves: list[Any],
-    kinds: list[str],
-    treespec: Any,
-    classes: tuple[int, ...],
-    hints: tuple[int, ...],
-    lifted_ids: dict[int, list[int]],
-) -> Plan:
     start = time.perf_counter()
     env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
