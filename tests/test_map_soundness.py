@@ -521,3 +521,20 @@ def test_output_kind_follows_f_not_the_batch(f, batches, pairs):
             assert_same(got, expected)
         kinds.add(tuple(_kind(got)))
     assert len(kinds) == 1, kinds
+
+
+def test_masked_select_keeps_row_major_order_when_a_fixed_axis_leads():
+    """Issue #19 (20,000-program run, seed 1 program 8372): ``t.narrow(0, 0, 2)`` of a pair
+    state makes axis 0 fixed and axis 1 ragged; the selection must follow row-major order."""
+    gen = torch.Generator().manual_seed(1068433020)
+    data = [torch.randn(n, n, 2, generator=gen, dtype=torch.float64) for n in (2, 3)]
+    x = raggedfn.from_list(data, ragged_dims=(1, 2))
+
+    def f(t):
+        h = t.narrow(0, 0, min(2, t.shape[0]))
+        return torch.masked_select(h, h > 0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        got = raggedfn.map(f, x)
+    assert_same(got, [f(s.clone()) for s in data])

@@ -94,6 +94,11 @@ def masked_select_rule(ctx: Ctx, step: Any, x: Any, mask: Any) -> Any:
     mask = canonicalize(ctx, mask)
     if len(axes_of(x.layout)) != len(axes_of(mask.layout)) or x.values.shape != mask.values.shape:
         raise Unsupported("masked_select with broadcasting")
+    ragged = [p for p, a in enumerate(axes_of(x.layout)) if a.ragged]
+    if ragged != list(range(len(ragged))):
+        # packed rows follow the ragged axes first: a fixed-size axis before a ragged
+        # one (t[:2] of a pair state) would put the selection out of row-major order
+        raise Unsupported("masked_select where a fixed-size axis precedes a ragged one")
     x = RaggedB(_rows(x.values), canonical_layout(2, (0,)), x.sz, x.struct)
     mask = RaggedB(
         _rows(mask.values),
