@@ -224,6 +224,10 @@ def _stride_only(guard: Any) -> bool:
     filename = (getattr(loc, "filename", "") or "").replace("\\", "/")
     if "/torch/" not in filename:
         return False  # user code: a real branch
+    if _excludes_empty(guard.expr):
+        # the ShapeEnv keeps every guard as a fact: dropped, Ne(2*s, 0) would still
+        # decide a later `n == 0` in f for every sample, empty ones included
+        return False
     if name in _STRIDE_FRAMES or "contiguous" in line:
         return True
     if any(word in name for word in _STRIDE_WORDS):
@@ -241,6 +245,15 @@ def _stride_only(guard: Any) -> bool:
         # size-1 axis gives the same values; equality guards for broadcasting are kept)
         return True
     return isinstance(expr, sympy.Ne) and 0 in (expr.lhs, expr.rhs) and expr.has(symfn.FloorDiv)
+
+
+def _excludes_empty(expr: Any) -> bool:
+    """True when ``expr`` is false with every size 0 (it rules empty samples out)."""
+    try:
+        value = expr.subs({sym: 0 for sym in expr.free_symbols})
+    except Exception:
+        return True
+    return value is sympy.false or value == False  # noqa: E712
 
 
 _LOCK = threading.RLock()
