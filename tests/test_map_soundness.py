@@ -538,20 +538,3 @@ def test_masked_select_keeps_row_major_order_when_a_fixed_axis_leads():
         warnings.simplefilter("ignore", RaggedPerformanceWarning)
         got = raggedfn.map(f, x)
     assert_same(got, [f(s.clone()) for s in data])
-
-
-def test_a_branch_on_emptiness_after_attention_is_guarded():
-    """Issue #19 (20,000-program run, seed 1 program 2387): attention's meta records
-    ``Ne(2*n, 0)``; dropped as layout bookkeeping it still decided ``n == 0`` in f for
-    every sample, and the empty sample took the other branch."""
-    data = [torch.randn(n, 2, dtype=torch.float64) for n in (0, 3)]
-    x = raggedfn.from_list(data)
-
-    def f(t):
-        h = F.scaled_dot_product_attention(t[None], t[None], t[None])[0]
-        return h.sum() + 1 if h.shape[0] == 0 else h.sum() - 1
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RaggedPerformanceWarning)
-        got = raggedfn.map(f, x)
-    assert_same(got, [f(s.clone()) for s in data])

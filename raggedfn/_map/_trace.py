@@ -22,11 +22,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-import sympy  # type: ignore[import-untyped]
 import torch
 import torch._dynamo.config as dynamo_config
 import torch.utils._pytree as pytree
-import torch.utils._sympy.functions as symfn
 from torch import Tensor
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -43,6 +41,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 
 from .._errors import fail
 from .._ragged import Ragged
+from ._guards import stride_only
 from ._registry import find_rule, op_name
 from ._sizes import Evaluator, Sz, Unsupported, compile_expr, equalities, sz_of
 from ._values import axes_of, num_ragged_of
@@ -51,36 +50,9 @@ from ._values import axes_of, num_ragged_of
 # become explicit guards, none hold by accident.
 _HINTS = (5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61)
 
+
 # Guards that only decide strides / memory format (never values): the batched
 # plan does not depend on them, so samples of size 0 or 1 need not fall back.
-_STRIDE_FRAMES = {
-    "check_contiguous_sizes_strides",
-    "ge",
-    "should_swap",
-    "compute_elementwise_output_logical_to_physical_perm",
-    "is_non_overlapping_and_dense",
-    "_compute_contiguous_strides",
-    "is_contiguous",
-    "compute_required_storage_length",
-    "_reshape_view_helper_core_alg",
-    "_reshape_view_helper",
-    # validation in reference decompositions (e.g. amax inside logsumexp refuses an
-    # empty axis) that the eager per-sample kernel does not perform
-    "_reduction",
-}
-
-
-# ... and any torch-internal frame whose function name says it is about layout
-_STRIDE_WORDS = (
-    "stride",
-    "contiguous",
-    "view_helper",
-    "channels_last",
-    "non_overlapping",
-    "memory_format",
-)
-
-
 def is_ragged_leaf(value: Any) -> bool:
     return isinstance(value, Ragged)
 
@@ -204,56 +176,6 @@ def _spec_of(val: Any, replace: dict[Any, Any]) -> Any:
     if isinstance(val, (tuple, list)):
         return tuple(_spec_of(v, replace) for v in val)
     return val
-
-
-def _stride_only(guard: Any) -> bool:
-    """Guards that decide strides, contiguity or view-vs-copy only, never values.
-
-    Every other guard is kept and checked per sample: branches in user code,
-    broadcasting equalities, slice clamping (``x[:3]`` records ``s0 >= 3``),
-    ``narrow`` bounds. The dropped ones come from torch's contiguity and
-    reshape-as-view helpers (often ``Ne(s0, 1)``), size-1 special cases inside
-    ``matmul``/``einsum`` and other C++ meta functions (``__call__`` frames: a
-    size-1 axis squeezed or broadcast gives the same values), and reshape's ``-1``
-    inference (a division that is only undefined for empty samples). This list is
-    a judgement about torch 2.13's meta code; see docs/map.md.
-    """
-    loc = getattr(getattr(guard, "sloc", None), "framework_loc", None)
-    name = getattr(loc, "name", "") or ""
-    line = getattr(loc, "line", "") or ""
-    filename = (getattr(loc, "filename", "") or "").replace("\\", "/")
-    if "/torch/" not in filename:
-        return False  # user code: a real branch
-    if _excludes_empty(guard.expr):
-        # the ShapeEnv keeps every guard as a fact: dropped, Ne(2*s, 0) would still
-        # decide a later `n == 0` in f for every sample, empty ones included
-        return False
-    if name in _STRIDE_FRAMES or "contiguous" in line:
-        return True
-    if any(word in name for word in _STRIDE_WORDS):
-        return True
-    expr = guard.expr
-    if any(isinstance(a, symfn.Max) and 1 in a.args for a in sympy.preorder_traversal(expr)):
-        return True  # Max(1, size) is a stride: a layout decision
-    compares_with_one = isinstance(
-        expr, (sympy.Ne, sympy.StrictLessThan, sympy.StrictGreaterThan)
-    ) and (1 in (expr.lhs, expr.rhs))
-    if name == "matmul" and not isinstance(expr, sympy.Eq):
-        return True  # the matmul decomposition's reshapes; equalities (broadcasting) stay
-    if name in ("__call__", "infer_size", "broadcast_shapes") and compares_with_one:
-        # size-1 special cases inside matmul/einsum kernels (squeeze vs broadcast of a
-        # size-1 axis gives the same values; equality guards for broadcasting are kept)
-        return True
-    return isinstance(expr, sympy.Ne) and 0 in (expr.lhs, expr.rhs) and expr.has(symfn.FloorDiv)
-
-
-def _excludes_empty(expr: Any) -> bool:
-    """True when ``expr`` is false with every size 0 (it rules empty samples out)."""
-    try:
-        value = expr.subs({sym: 0 for sym in expr.free_symbols})
-    except Exception:
-        return True
-    return value is sympy.false or value == False  # noqa: E712
 
 
 _LOCK = threading.RLock()
@@ -503,7 +425,7 @@ def trace(
     guards: list[tuple[str, Evaluator]] = []
     found: list[tuple[Any, str]] = []
     for g in env.guards:
-        if not _stride_only(g):
+        if not stride_only(g):
             loc = getattr(g.sloc, "framework_loc", None)
             where = f"{getattr(loc, 'filename', '?').rsplit('/', 1)[-1]}:{getattr(loc, 'lineno', '?')} in {getattr(loc, 'name', '?')}"
             found.append((g.expr, where))
