@@ -15,10 +15,9 @@ from ._values import (
     RaggedB,
     SymB,
     align,
-    axes_of,
     canonical_layout,
+    dense_shape,
     is_batched,
-    num_dense_of,
     out_layout_for,
     sz_in_storage_order,
 )
@@ -71,12 +70,8 @@ def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
         if values.ndim != len(shape) + 1:
             values = values.expand(ctx.batch_size, *shape)
         return DenseB(values)
-    dense = [0] * num_dense_of(layout)
-    for p, a in enumerate(axes_of(layout)):
-        if not a.ragged:
-            dense[a.index] = shape[p]
-    if values.ndim != 1 + len(dense) or values.shape[0] != struct.total:
-        values = values.expand(struct.total, *dense)
+    if values.ndim != 1 + len(shape) - len(sz) or values.shape[0] != struct.total:
+        values = values.expand(struct.total, *dense_shape(shape, layout))
     return RaggedB(values, layout, sz, struct)
 
 

@@ -11,7 +11,8 @@ Every graph value is one of:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -20,24 +21,52 @@ from .._index import local_positions, offsets_of, segment_ids
 from .._layout import Axis, Layout
 from ._sizes import Env, Sz, Unsupported, product_key
 
-_AXES: dict[str, tuple[Axis, ...]] = {}
+
+class LayoutInfo(NamedTuple):
+    """What the rules read of a layout, derived once per layout code.
+
+    ``ragged``: ``(logical position, storage k)`` of each ragged axis, in logical
+    order (``ragged_at`` maps the one to the other); ``dense_pos``: the logical
+    position of each dense storage axis.
+    """
+
+    axes: tuple[Axis, ...]
+    ragged: tuple[tuple[int, int], ...]
+    ragged_at: dict[int, int]
+    dense_pos: tuple[int, ...]
+
+
+def _layout_info(axes: tuple[Axis, ...]) -> LayoutInfo:
+    ragged = tuple((p, a.index) for p, a in enumerate(axes) if a.ragged)
+    dense_pos = [0] * (len(axes) - len(ragged))
+    for p, a in enumerate(axes):
+        if not a.ragged:
+            dense_pos[a.index] = p
+    return LayoutInfo(axes, ragged, dict(ragged), tuple(dense_pos))
+
+
+_INFO: dict[str, LayoutInfo] = {}
+
+
+def info_of(layout: Layout) -> LayoutInfo:
+    """The :class:`LayoutInfo` of ``layout`` (a layout is immutable: keyed by its code)."""
+    found = _INFO.get(layout.code)
+    if found is None:
+        found = _INFO[layout.code] = _layout_info(layout.axes)
+    return found
 
 
 def axes_of(layout: Layout) -> tuple[Axis, ...]:
     """``layout.axes``, parsed once per layout (it is re-parsed on every access)."""
-    found = _AXES.get(layout.code)
-    if found is None:
-        found = layout.axes
-        _AXES[layout.code] = found
-    return found
+    return info_of(layout).axes
 
 
 def num_ragged_of(layout: Layout) -> int:
-    return sum(1 for a in axes_of(layout) if a.ragged)
+    return len(info_of(layout).ragged)
 
 
 def num_dense_of(layout: Layout) -> int:
-    return sum(1 for a in axes_of(layout) if not a.ragged)
+    return len(info_of(layout).dense_pos)
 
 
 _LAYOUTS: dict[tuple[Axis, ...], Layout] = {}
@@ -114,7 +143,7 @@ class RaggedB:
         return tuple(self.sz[a.index] if a.ragged else dense[a.index] for a in axes_of(self.layout))
 
     def positions(self) -> tuple[int, ...]:
-        return tuple(p for p, a in enumerate(axes_of(self.layout)) if a.ragged)
+        return tuple(p for p, _ in info_of(self.layout).ragged)
 
 
 def is_batched(value: Any) -> bool:
@@ -219,7 +248,7 @@ def canonicalize(ctx: Ctx, x: RaggedB) -> RaggedB:
     return RaggedB(values, target, sz, struct)
 
 
-def _place_dense(t: Tensor, have: list[int], want: list[int]) -> Tensor:
+def _place_dense(t: Tensor, have: Sequence[int], want: Sequence[int]) -> Tensor:
     """``t [T, *dims at logical positions have]`` as ``[T, *want]``, 1 where missing."""
     order = [have.index(p) for p in want if p in have]
     t = t.permute(0, *(1 + i for i in order)) if order != sorted(order) else t
@@ -239,18 +268,15 @@ def align(
     Returns a tensor laid out like the result's packed values: ``[T, *dense]`` in
     the dense storage order of ``layout`` (``[B, *dense]`` when ``struct`` is None,
     i.e. the result has no ragged axis), with size-1 axes where ``operand``
-    broadcasts. Python scalars and 0-d unbatched tensors pass through.
+    broadcasts; an unbatched operand that is the same for every row comes back
+    with a leading axis of 1 (torch broadcasts it, no copy per row). Python
+    scalars and 0-d unbatched tensors pass through.
     """
-    n = len(shape)
-    ragged_pos = {p: a.index for p, a in enumerate(axes_of(layout)) if a.ragged}
-    want = [0] * num_dense_of(layout)  # logical position of each dense storage axis
-    for p, a in enumerate(axes_of(layout)):
-        if not a.ragged:
-            want[a.index] = p
+    if isinstance(operand, RaggedB):
+        return _align_ragged(ctx, operand, shape, layout, struct)
     if isinstance(operand, SymB):
         operand = DenseB(ctx.eval(operand.sz))
-    if not isinstance(operand, (Tensor, DenseB, RaggedB)):
-        return operand
+    n = len(shape)
     if isinstance(operand, Tensor):
         if operand.ndim == 0:
             return operand
@@ -261,13 +287,19 @@ def align(
         m = data.ndim - 1
         t = data.reshape(data.shape[0], *((1,) * (n - m)), *data.shape[1:])
     else:
-        return _align_ragged(ctx, operand, shape, layout, struct, want)
+        return operand
     # t: [1 or B, *logical n dims]
-    if struct is None:
+    info = info_of(layout)
+    ragged_pos = info.ragged_at
+    want = info.dense_pos
+    keep = [p for p in range(n) if p not in ragged_pos]
+    if struct is None or (
+        isinstance(operand, Tensor) and all(t.shape[1 + p] == 1 for p in ragged_pos)
+    ):
+        # no ragged result axis, or the same operand for every row: no gather
         for p in ragged_pos:
             if t.shape[1 + p] != 1:
                 raise Unsupported("a fixed-size operand broadcast along a ragged axis")
-        keep = [p for p in range(n) if p not in ragged_pos]
         t = t.reshape(t.shape[0], *(t.shape[1 + p] for p in keep))
         return _place_dense(t, keep, want)
     segments = struct.segments()
@@ -285,34 +317,38 @@ def align(
         else:
             raise Unsupported("a fixed-size operand broadcast along a ragged axis")
     t = t[tuple(index)]
-    keep = [p for p in range(n) if p not in ragged_pos]
     return _place_dense(t, keep, want)
 
 
 def _align_ragged(
-    ctx: Ctx,
-    x: RaggedB,
-    shape: tuple[Any, ...],
-    layout: Layout,
-    struct: Struct | None,
-    want: list[int],
+    ctx: Ctx, x: RaggedB, shape: tuple[Any, ...], layout: Layout, struct: Struct | None
 ) -> Tensor:
     if struct is None:
         raise Unsupported("a ragged operand in an op whose result has no ragged axis")
+    info = info_of(layout)
+    if x.struct is struct and x.layout.code == layout.code:
+        # the result's own layout and rows: its values as they are, when every ragged
+        # axis carries the result's size (the general path below checks the same)
+        sz = x.sz
+        for p, k in info.ragged:
+            s = shape[p]
+            if not isinstance(s, Sz) or s.key != sz[k].key:
+                break
+        else:
+            return x.values
     n = len(shape)
-    shift = n - len(axes_of(x.layout))
-    xshape = x.shape()
-    out_k = {p: a.index for p, a in enumerate(axes_of(layout)) if a.ragged}
-    coords: list[Any] = [None] * num_ragged_of(x.layout)
+    xinfo = info_of(x.layout)
+    xaxes = xinfo.axes
+    shift = n - len(xaxes)
+    out_k = info.ragged_at
+    coords: list[Any] = [None] * len(xinfo.ragged)
     identity = True
-    for q, a in enumerate(axes_of(x.layout)):
-        if not a.ragged:
-            continue
+    for q, k in xinfo.ragged:
         p = q + shift
-        if p not in out_k or not isinstance(shape[p], Sz) or shape[p].key != xshape[q].key:
+        if p not in out_k or not isinstance(shape[p], Sz) or shape[p].key != x.sz[k].key:
             raise Unsupported("a ragged axis that does not line up with the result")
-        coords[a.index] = out_k[p]
-        identity = identity and out_k[p] == a.index
+        coords[k] = out_k[p]
+        identity = identity and out_k[p] == k
     values = x.values
     same_struct = identity and len(coords) == len(out_k) and x.struct is struct
     if not same_struct:
@@ -323,10 +359,7 @@ def _align_ragged(
             rows = rows_of(x, struct.segments(), [out_coords[c] for c in coords])
             values = values[rows]
     # dense axes of x: values dim 1 + j sits at logical position q + shift
-    have_pos = [0] * num_dense_of(x.layout)
-    for q, a in enumerate(axes_of(x.layout)):
-        if not a.ragged:
-            have_pos[a.index] = q + shift
+    have_pos = [q + shift for q in xinfo.dense_pos]
     # dense axes of x at ragged result positions have size 1: drop them
     drop = [j for j, p in enumerate(have_pos) if p in out_k]
     if drop:
@@ -336,29 +369,38 @@ def _align_ragged(
         keep = [j for j in range(len(have_pos)) if j not in drop]
         values = values.reshape(values.shape[0], *(values.shape[1 + j] for j in keep))
         have_pos = [have_pos[j] for j in keep]
-    return _place_dense(values, have_pos, want)
+    return _place_dense(values, have_pos, info.dense_pos)
 
 
 def out_layout_for(shape: tuple[Any, ...], operands: list[Any]) -> Layout:
     """Layout of a result of logical ``shape``: that of a full-shape ragged operand if any."""
-    positions = tuple(p for p, s in enumerate(shape) if isinstance(s, Sz))
     for x in operands:
-        if isinstance(x, RaggedB) and len(axes_of(x.layout)) == len(shape):
-            xs = x.shape()
-            if all(
-                (isinstance(s, Sz) and isinstance(xs[p], Sz) and xs[p].key == s.key)
-                or (not isinstance(s, Sz) and not isinstance(xs[p], Sz))
-                for p, s in enumerate(shape)
-            ):
-                return x.layout
-    return canonical_layout(len(shape), positions)
+        if isinstance(x, RaggedB) and _lines_up(x, shape):
+            return x.layout
+    return canonical_layout(len(shape), tuple(p for p, s in enumerate(shape) if isinstance(s, Sz)))
+
+
+def _lines_up(x: RaggedB, shape: tuple[Any, ...]) -> bool:
+    """``x`` has the rank of ``shape``, ragged exactly where ``shape`` has a size of its own,
+    with the same size there."""
+    axes = info_of(x.layout).axes
+    if len(axes) != len(shape):
+        return False
+    for s, a in zip(shape, axes, strict=True):
+        mine = x.sz[a.index] if a.ragged else None
+        if isinstance(s, Sz):
+            if not isinstance(mine, Sz) or mine.key != s.key:
+                return False
+        elif isinstance(mine, Sz):
+            return False
+    return True
 
 
 def sz_in_storage_order(shape: tuple[Any, ...], layout: Layout) -> tuple[Sz, ...]:
-    out: list[Any] = [None] * num_ragged_of(layout)
-    for p, a in enumerate(axes_of(layout)):
-        if a.ragged:
-            out[a.index] = shape[p]
+    ragged = info_of(layout).ragged
+    out: list[Any] = [None] * len(ragged)
+    for p, k in ragged:
+        out[k] = shape[p]
     return tuple(out)
 
 
@@ -368,11 +410,7 @@ def make_ragged(ctx: Ctx, values: Tensor, shape: tuple[Any, ...], layout: Layout
 
 
 def dense_shape(shape: tuple[Any, ...], layout: Layout) -> list[int]:
-    out = [0] * num_dense_of(layout)
-    for p, a in enumerate(axes_of(layout)):
-        if not a.ragged:
-            out[a.index] = shape[p]
-    return out
+    return [shape[p] for p in info_of(layout).dense_pos]
 
 
 def reduce_index(ctx: Ctx, x: RaggedB, reduced: set[int]) -> tuple[Tensor, Any, tuple[Sz, ...]]:
