@@ -21,7 +21,7 @@ from . import (  # noqa: F401
 from ._fallback import node_loop, to_output
 from ._sizes import Sz, Unsupported, product_key
 from ._trace import Plan, Ref, Step
-from ._values import Ctx, DenseB, RaggedB, Struct, SymB, is_batched
+from ._values import BATCHED, Ctx, DenseB, RaggedB, Struct, SymB
 
 
 class Recorder:
@@ -97,8 +97,8 @@ def run(plan: Plan, ctx: Ctx, inputs: list[Any], strict: bool, recorder: Recorde
         if step.slot is not None:  # a captured tensor, read afresh at this call
             values.append(ctx.lifted[step.slot])
             continue
-        args = tuple(resolve(a) for a in step.args)
-        kwargs = {k: resolve(v) for k, v in step.kwargs.items()}
+        args = tuple([resolve(a) for a in step.args])
+        kwargs = {k: resolve(v) for k, v in step.kwargs.items()} if step.kwargs else {}
         result = _run_step(ctx, plan, step, args, kwargs, strict, recorder)
         values.append(result)
         for alias in step.rebind or ():
@@ -129,16 +129,13 @@ def _run_step(
         return out  # a size that is the same for every sample
     if step.getitem and isinstance(args[0], (tuple, list)):
         return args[0][args[1]]
-    has_batched = any(is_batched(a) for a in _leaves(args, kwargs))
+    leaves = _leaves(args, kwargs)
+    has_batched = any(isinstance(a, BATCHED) for a in leaves)
     if step.random and not has_batched:
         if ctx.randomness == "same":
             return step.target(*args, **kwargs)  # one draw for every sample
         return _random_rule(ctx, step, args, kwargs)
-    if (
-        step.random
-        and ctx.randomness == "same"
-        and any(isinstance(a, RaggedB) for a in _leaves(args, kwargs))
-    ):
+    if step.random and ctx.randomness == "same" and any(isinstance(a, RaggedB) for a in leaves):
         raise fail(
             "map",
             f"randomness='same' cannot share one draw of {name} between samples of different "
@@ -150,7 +147,7 @@ def _run_step(
         return step.target(*args, **kwargs)
     reason = "no batching rule"
     candidates = [step.rule] if step.rule is not None else []
-    if not any(isinstance(a, (RaggedB, SymB)) for a in _leaves(args, kwargs)):
+    if not any(isinstance(a, (RaggedB, SymB)) for a in leaves):
         candidates.append(_vmap_rule)  # fixed-shape samples: torch.vmap can batch the op
     for found in candidates:
         try:
@@ -237,7 +234,7 @@ def _random_rule(ctx: Ctx, step: Step, args: tuple[Any, ...], kwargs: dict[str, 
 
 def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     out: list[Any] = []
-    for a in (*args, *kwargs.values()):
+    for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, (list, tuple)):
             out.extend(a)
         else:

@@ -146,8 +146,11 @@ class RaggedB:
         return tuple(p for p, _ in info_of(self.layout).ragged)
 
 
+BATCHED = (DenseB, RaggedB, SymB)
+
+
 def is_batched(value: Any) -> bool:
-    return isinstance(value, (DenseB, RaggedB, SymB))
+    return isinstance(value, BATCHED)
 
 
 class Ctx:
