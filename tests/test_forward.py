@@ -70,8 +70,9 @@ def test_has_tangent_with_forward_ad_dual_tensors() -> None:
 
 
 def test_call_picks_the_rule_set() -> None:
-    """Eager: the Function with jvp; compiled: the jvp-less one; compiled inside a
-    transform or with forward mode: the plain forward body."""
+    """Eager: the Function with jvp, or its forward alone when nothing can ask for a
+    derivative; compiled: the jvp-less one; compiled inside a transform or with
+    forward mode: the plain forward body."""
     used: list[str] = []
 
     def rule(name: str) -> type:
@@ -79,7 +80,11 @@ def test_call_picks_the_rule_set() -> None:
             used.append(name)
             return x * 2
 
-        return type(name, (), {"apply": staticmethod(apply)})
+        def forward(x: Tensor) -> Tensor:
+            used.append(f"{name}.forward")
+            return x * 2
+
+        return type(name, (), {"apply": staticmethod(apply), "forward": staticmethod(forward)})
 
     eager, compiled = rule("eager"), rule("compiled")
 
@@ -90,13 +95,35 @@ def test_call_picks_the_rule_set() -> None:
     def f(x: Tensor) -> Tensor:
         return _forward.call(eager, compiled, body, x).sum()  # type: ignore[arg-type]
 
-    f(V)
+    f(V.requires_grad_(False))
+    f(V.detach().requires_grad_(True))
+    with torch.no_grad():
+        f(V.detach().requires_grad_(True))
+    grad(f)(V)
+    vmap(f)(V)
+    with fwAD.dual_level():
+        f(fwAD.make_dual(V, T))
+    assert used == ["eager.forward", "eager", "eager.forward", "eager", "eager", "eager"]
+    used.clear()
     torch._dynamo.reset()
     torch.compile(f, fullgraph=True, backend="eager")(V)
     torch.compile(grad(f), fullgraph=True, backend="eager")(V)
     torch._dynamo.reset()
     torch.compile(lambda v: jvp(f, (v,), (T,)), fullgraph=True, backend="eager")(V)
-    assert used == ["eager", "compiled", "body", "body"]
+    assert used == ["compiled", "body", "body"]
+
+
+def test_a_call_without_derivatives_equals_the_function() -> None:
+    """The forward run alone (no grad wanted) gives the Function's values, for every
+    primitive that goes through ``call``."""
+    segments = torch.tensor([0, 0, 2, 2, 2, 3, 3, 3, 3])
+    with torch.no_grad():
+        for prim in (_prims.segment_softmax, _prims.segment_log_softmax, _prims.segment_amax):
+            alone = prim(V, segments, 5)
+            with torch.enable_grad():
+                tracked = prim(V.detach().requires_grad_(True), segments, 5)
+            assert tracked.grad_fn is not None and alone.grad_fn is None
+            torch.testing.assert_close(alone, tracked.detach(), rtol=0, atol=0)
 
 
 # ----- attention takes the math backend when a tangent may be present -----------------

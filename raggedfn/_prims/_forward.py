@@ -51,10 +51,23 @@ def call(
         args: the Function's inputs.
     """
     if not torch.compiler.is_compiling():
+        if _untracked(args):
+            # nothing to differentiate: the forward alone, without a Function's bookkeeping
+            return eager.forward(*args)
         return apply(eager, *args)  # eager.apply(*args) without its per-call signature binding
     if compiled_transform():
         return body(*args)
     return compiled.apply(*args)
+
+
+def _untracked(args: tuple[Any, ...]) -> bool:
+    """Eagerly, no derivative of this call can be asked for: no ``torch.func`` transform,
+    no forward-mode AD, and grad mode off or no tensor argument requiring grad."""
+    if forward_mode() or torch._C._are_functorch_transforms_active():
+        return False
+    if not torch.is_grad_enabled():
+        return True
+    return not any(isinstance(a, Tensor) and a.requires_grad for a in args)
 
 
 def compiled_transform() -> bool:

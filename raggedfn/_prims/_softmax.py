@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._extrema import _reduce
+from ._extrema import _reduce, identity
 from ._forward import call
 from ._segment import broadcast, segment_counts, segment_sum
 
@@ -35,9 +35,20 @@ def _softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
 
 def _softmax_forward(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     """:func:`_softmax` reusing its own fresh buffers (a Function's forward is not recorded)."""
-    out = values - broadcast(_shift(values, segments, num_segments), segments)
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        out = values - broadcast(_shift(values, segments, num_segments), segments)
+        out.exp_()
+        return out.div_(broadcast(segment_sum(out, segments, num_segments), segments))
+    # plain eager (no transform batches ``values``): the same kernels, the segment
+    # reductions written into their fresh buffers, without the wrappers' per-call checks
+    rest = values.shape[1:]
+    index = segments.view(-1, *[1] * len(rest)).expand_as(values)
+    peak = values.new_full((num_segments, *rest), identity(values.dtype, True))
+    peak.scatter_reduce_(0, index, values, "amax", include_self=False)
+    out = values - peak.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).index_select(0, segments)
     out.exp_()
-    return out.div_(broadcast(segment_sum(out, segments, num_segments), segments))
+    total = out.new_zeros((num_segments, *rest)).index_add_(0, segments, out)
+    return out.div_(total.index_select(0, segments))
 
 
 def _log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:

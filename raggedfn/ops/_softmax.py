@@ -55,9 +55,12 @@ def _normalise(
     if not values.is_floating_point():
         raise fail(fn, f"x must have a floating point dtype (or pass dtype=), got {values.dtype}")
     if not ragged:
-        return x.with_values(dense(values, 1 + index))
-    segments, num_segments = line_segments(x, index)
-    return x.with_values(prim(values, segments, num_segments))
+        out = dense(values, 1 + index)
+    else:
+        segments, num_segments = line_segments(x, index)
+        out = prim(values, segments, num_segments)
+    # values of x's own shape, device and partition: valid by construction (no re-check)
+    return Ragged._make(out, x.offsets, x.sizes, x.layout, x.row_offsets)
 
 
 def softmax(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
