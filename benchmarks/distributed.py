@@ -9,10 +9,13 @@ markdown table next to it (and a PNG plot when matplotlib is installed):
   one epoch, for several budgets and replica counts.
 - ``raggedfn.distributed.all_to_all`` of a ragged batch against one
   ``torch.distributed.all_to_all_single`` moving the same bytes with the split
-  sizes known in advance (what a hand-written exchange costs), on 2 gloo processes
-  (``torch.multiprocessing.spawn``, file rendezvous), one thread each; rounds
-  alternate which runs first; times are medians, the ratio is the median of the
-  per-round ratios. Target: within 1.2x.
+  sizes known in advance (what a hand-written exchange costs), for payloads of
+  1 KiB to 100 MiB per rank, on 2 gloo processes (``torch.multiprocessing.spawn``,
+  file rendezvous), one thread each. Beside them, the floor of any exchange that
+  sends sizes first: one ``all_to_all_single`` of the header alone (and of 8
+  bytes), and ``all_to_all`` given the receive sizes (``output_splits``,
+  ``output_sizes``: no header). Rounds rotate which call runs first; times are
+  medians, ratios the medians of per-round ratios. Target: within 1.2x.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ import torch.multiprocessing as mp
 import raggedfn
 from benchmarks.harness import DISTRIBUTIONS, machine, write_json
 from raggedfn.data._sampler import plan_batches
+from raggedfn.distributed import _collectives
 
 # a folder of its own: benchmarks/results/*.json are harness suite records
 RESULTS = Path(__file__).resolve().parent / "results" / "distributed"
 WORLD = 2
 TARGET = 1.2
+DIM = 64  # float32 values [T, 64]: 256 bytes per packed row
 
 
 def lognormal_lengths(count: int, seed: int = 0) -> np.ndarray:
@@ -82,38 +87,45 @@ def sampler_rows(count: int, budgets: Sequence[int], replicas: Sequence[int]) ->
 # ----- collectives: 2 processes ---------------------------------------------------------
 
 
-def _batch(rank: int, samples: int, dim: int) -> raggedfn.Ragged:
-    lengths = lognormal_lengths(samples, seed=10 + rank).tolist()
-    values = torch.randn(sum(lengths), dim, generator=torch.Generator().manual_seed(rank))
+def _batch(rank: int, nbytes: int, dim: int) -> raggedfn.Ragged:
+    """``nbytes`` of float32 ``[T, dim]`` values in lognormal-length samples (at least 2)."""
+    rows = max(2, nbytes // (4 * dim))
+    lengths, total = [], 0
+    for n in lognormal_lengths(rows // 16 + 2, seed=10 + rank).tolist():  # lengths >= 16
+        take = min(n, rows - total)
+        if take == 0:
+            break
+        lengths.append(take)
+        total += take
+    if len(lengths) == 1:
+        lengths = [rows // 2, rows - rows // 2]
+    values = torch.randn(rows, dim, generator=torch.Generator().manual_seed(rank))
     return raggedfn.from_lengths(values, torch.tensor(lengths))
 
 
-def _timed(calls: dict[str, Any], rounds: int, number: int) -> tuple[dict[str, float], float]:
-    """Median ms of each call, and the median per-round ratio of the first to the second."""
+def _timed(
+    calls: dict[str, Any], rounds: int, number: int
+) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Median ms of each call, and each round's times (rounds rotate who goes first)."""
     names = list(calls)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    ratios = []
+    per_round: list[dict[str, float]] = []
     for r in range(rounds + 1):
-        order = names if r % 2 == 0 else names[::-1]  # alternate who goes first
+        order = names[r % len(names) :] + names[: r % len(names)]
         now: dict[str, float] = {}
         for name in order:
             dist.barrier()
             started = time.perf_counter()
             for _ in range(number):
                 calls[name]()
-            now[name] = (time.perf_counter() - started) / number
-        if r == 0:
-            continue  # warm-up round
-        for name in names:
-            times[name].append(now[name])
-        ratios.append(now[names[0]] / now[names[1]])
-    return {name: 1e3 * statistics.median(t) for name, t in times.items()}, statistics.median(
-        ratios
-    )
+            now[name] = 1e3 * (time.perf_counter() - started) / number
+        if r > 0:  # round 0 warms up
+            per_round.append(now)
+    medians = {name: statistics.median(t[name] for t in per_round) for name in names}
+    return medians, per_round
 
 
-def _measure(case: dict, rank: int, rounds: int) -> dict:
-    x = _batch(rank, case["samples"], case["dim"])
+def _measure(case: dict, rank: int) -> dict:
+    x = _batch(rank, case["bytes"], DIM)
     splits = [x.batch_size // 2, x.batch_size - x.batch_size // 2]
     # the hand-written exchange: row counts known in advance (no size exchange)
     cut = int(x.offsets[splits[0]])
@@ -121,36 +133,66 @@ def _measure(case: dict, rank: int, rounds: int) -> dict:
     received = torch.empty(WORLD, dtype=torch.int64)
     dist.all_to_all_single(received, torch.tensor(rows_to))
     rows_from = received.tolist()
-
-    def ragged() -> Any:
-        return raggedfn.distributed.all_to_all(x, splits)
+    # what the ragged exchange receives, for the variant given the receive sizes
+    got = raggedfn.distributed.all_to_all(x, splits)
+    samples_from = torch.empty(WORLD, dtype=torch.int64)
+    dist.all_to_all_single(samples_from, torch.tensor(splits))
+    # the first call's message: the header all_to_all sends (its size is fixed)
+    header = torch.zeros(WORLD, _collectives._META + max(8, _collectives._INLINE_SIZES // WORLD))
+    header = header.to(torch.int64)
+    tiny = torch.zeros(WORLD, dtype=torch.int64)  # 8 bytes to each rank
 
     def single() -> Any:
         out = x.values.new_empty((sum(rows_from), x.values.shape[1]))
         dist.all_to_all_single(out, x.values, rows_from, rows_to)
         return out
 
-    def latency() -> Any:  # one round trip with a 16-byte message per rank
-        out = torch.empty(WORLD, dtype=torch.int64)
-        dist.all_to_all_single(out, torch.zeros(WORLD, dtype=torch.int64))
+    def ragged() -> Any:
+        return raggedfn.distributed.all_to_all(x, splits)
+
+    def known() -> Any:
+        return raggedfn.distributed.all_to_all(
+            x, splits, output_splits=samples_from, output_sizes=got.sizes
+        )
+
+    def sizes_only() -> Any:
+        out = torch.empty_like(header)
+        dist.all_to_all_single(out, header)
+        return out
+
+    def smallest() -> Any:
+        out = torch.empty_like(tiny)
+        dist.all_to_all_single(out, tiny)
         return out
 
     assert torch.equal(ragged().values, single()), "all_to_all and all_to_all_single disagree"
-    times, ratio = _timed({"ragged": ragged, "single": single}, rounds, case["repeat"])
-    floor, _ = _timed({"latency": latency, "single": single}, rounds, case["repeat"])
+    assert torch.equal(known().values, single()), "known-size all_to_all disagrees"
+    calls = {
+        "single": single,
+        "ragged": ragged,
+        "known": known,
+        "header": sizes_only,
+        "tiny": smallest,
+    }
+    times, per_round = _timed(calls, case["rounds"], case["repeat"])
+
+    def ratio(f: Any) -> float:
+        return statistics.median(f(t) / t["single"] for t in per_round)
+
     return {
         **case,
+        "dim": DIM,
+        "samples": x.batch_size,
         "bytes_per_rank": x.values.numel() * x.values.element_size(),
-        "tokens_per_rank": int(x.values.shape[0]),
-        "ragged_ms": times["ragged"],
-        "single_ms": times["single"],
-        "latency_ms": floor["latency"],
-        "ratio": ratio,
-        "rounds": rounds,
+        "header_bytes_per_rank": header.numel() * header.element_size(),
+        **{f"{name}_ms": ms for name, ms in times.items()},
+        "ratio": ratio(lambda t: t["ragged"]),
+        "known_ratio": ratio(lambda t: t["known"]),
+        "floor_ratio": ratio(lambda t: t["header"] + t["single"]),
     }
 
 
-def _worker(rank: int, init_file: str, out_file: str, cases: list[dict], rounds: int) -> None:
+def _worker(rank: int, init_file: str, out_file: str, cases: list[dict]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
@@ -159,19 +201,19 @@ def _worker(rank: int, init_file: str, out_file: str, cases: list[dict], rounds:
         world_size=WORLD,
         timeout=datetime.timedelta(seconds=300),
     )
-    results = [_measure(case, rank, rounds) for case in cases]
+    results = [_measure(case, rank) for case in cases]
     if rank == 0:
         Path(out_file).write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def collective_rows(cases: list[dict], rounds: int) -> list[dict]:
+def collective_rows(cases: list[dict]) -> list[dict]:
     with tempfile.TemporaryDirectory() as directory:
         out = os.path.join(directory, "out.json")
         mp.spawn(
             _worker,
-            args=(os.path.join(directory, "rendezvous"), out, cases, rounds),
+            args=(os.path.join(directory, "rendezvous"), out, cases),
             nprocs=WORLD,
         )
         rows: list[dict] = json.loads(Path(out).read_text())
@@ -195,23 +237,40 @@ def markdown(record: dict[str, Any]) -> str:
             f"{row['fill_mean']:.4f} | {row['fill_p5']:.3f} | {row['batches_below_90']} | "
             f"{100 * row['rank_spread']:.2f}% | {row['plan_seconds']:.2f} |"
         )
-    lines += [
-        "",
-        f"all_to_all of a ragged batch vs all_to_all_single of the same bytes "
-        f"({WORLD} gloo processes, 1 thread each, float32, half the samples to each rank; "
-        f"target within {TARGET}x):",
-        "",
-        "| samples per rank | D | MiB per rank | all_to_all (ms) | all_to_all_single (ms) | ratio "
-        "| one round trip (ms) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for row in record["collectives"]:
-        lines.append(
-            f"| {row['samples']} | {row['dim']} | {row['bytes_per_rank'] / 2**20:.2f} | "
-            f"{row['ragged_ms']:.3f} | {row['single_ms']:.3f} | {row['ratio']:.2f}x | "
-            f"{row['latency_ms']:.3f} |"
-        )
+    lines += ["", collectives_markdown(record["collectives"])]
     return "\n".join(lines) + "\n"
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.4g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def collectives_markdown(rows: list[dict]) -> str:
+    header_bytes = rows[0]["header_bytes_per_rank"] if rows else 0
+    lines = [
+        f"all_to_all of a ragged batch vs all_to_all_single of the same bytes ({WORLD} gloo "
+        f"processes, 1 thread each, float32 [T, {DIM}], lognormal lengths, half the samples "
+        f"to each rank; times are medians, ratios medians of per-round ratios; target within "
+        f"{TARGET}x). *header*: one all_to_all_single of the header alone ({_size(header_bytes)} "
+        f"per rank: what the sizes exchange sends); *8 B*: one of 8 bytes to each rank; floor: "
+        f"(header + payload) / payload; *known sizes*: all_to_all given output_splits and "
+        f"output_sizes (one collective).",
+        "",
+        "| payload per rank | samples | 8 B (ms) | header (ms) | payload (ms) | all_to_all (ms) "
+        "| ratio | floor | known sizes (ms) | ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {_size(row['bytes_per_rank'])} | {row['samples']} | {row['tiny_ms']:.3f} | "
+            f"{row['header_ms']:.3f} | {row['single_ms']:.3f} | {row['ragged_ms']:.3f} | "
+            f"{row['ratio']:.2f}x | {row['floor_ratio']:.2f}x | {row['known_ms']:.3f} | "
+            f"{row['known_ratio']:.2f}x |"
+        )
+    return "\n".join(lines)
 
 
 def write_plot(record: dict[str, Any], path: Path) -> bool:
@@ -224,16 +283,30 @@ def write_plot(record: dict[str, Any], path: Path) -> bool:
         return False
     rows = record["collectives"]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    labels = [f"{r['bytes_per_rank'] / 2**20:.2g} MiB" for r in rows]
-    ax.bar(labels, [r["ratio"] for r in rows])
-    ax.axhline(TARGET, color="red", linestyle="--", label=f"target {TARGET}x")
-    ax.set_ylabel("all_to_all / all_to_all_single")
-    ax.set_xlabel("values per rank")
+    sizes = [r["bytes_per_rank"] for r in rows]
+    ax.plot(sizes, [r["ratio"] for r in rows], "o-", label="all_to_all")
+    ax.plot(sizes, [r["floor_ratio"] for r in rows], "s--", label="floor: (header + payload)")
+    ax.plot(sizes, [r["known_ratio"] for r in rows], "^-", label="given output sizes")
+    ax.axhline(TARGET, color="red", linestyle=":", label=f"target {TARGET}x")
+    ax.set_xscale("log", base=2)
+    ax.set_ylabel("time / all_to_all_single")
+    ax.set_xlabel("payload bytes per rank")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+# payload bytes per rank: 1 KiB to 100 MiB
+SIZES = (*(2**k for k in range(10, 27, 2)), 100 * 2**20)
+
+
+def _case(nbytes: int, quick: bool) -> dict:
+    """Rounds and calls per timing: about 10 ms of payload per timing, fewer rounds when big."""
+    repeat = max(1, min(50, 2**22 // nbytes))
+    rounds = (5 if quick else 15) if nbytes <= 2**24 else (3 if quick else 7)
+    return {"bytes": nbytes, "repeat": repeat, "rounds": rounds}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -248,12 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         budgets=(4096,) if args.quick else (1024, 4096, 16384),
         replicas=(1, 8) if args.quick else (1, 8, 64),
     )
-    cases = [
-        {"samples": 8, "dim": 64, "repeat": 20},
-        {"samples": 64, "dim": 256, "repeat": 5},
-        {"samples": 256, "dim": 1024, "repeat": 1},
-    ]
-    collectives = collective_rows(cases[:2] if args.quick else cases, 5 if args.quick else 15)
+    sizes = (2**10, 2**14, 2**18, 2**22, 100 * 2**20) if args.quick else SIZES
+    cases = [_case(nbytes, args.quick) for nbytes in sizes]
+    collectives = collective_rows(cases)
     record = {
         "suite": "distributed",
         "quick": args.quick,

@@ -163,7 +163,14 @@ def test_distributed_sampler_rows_and_report() -> None:
     assert [r["num_replicas"] for r in rows] == [1, 4]
     assert all(r["equal_batch_counts"] and 0.9 <= r["fill_mean"] <= 1.0 for r in rows)
     assert rows[0]["rank_spread"] == 0.0 and rows[1]["rank_spread"] <= 0.1
-    collective = {"samples": 8, "dim": 4, "bytes_per_rank": 2**20, "ragged_ms": 2.0}
-    collective |= {"single_ms": 1.0, "ratio": 2.0, "latency_ms": 0.5}
+    collective = {"samples": 8, "bytes_per_rank": 2**20, "header_bytes_per_rank": 32848}
+    collective |= {"tiny_ms": 0.25, "header_ms": 0.5, "single_ms": 1.0, "ragged_ms": 2.0}
+    collective |= {"known_ms": 1.1, "ratio": 2.0, "floor_ratio": 1.5, "known_ratio": 1.1}
     text = distributed.markdown({"sampler": rows, "collectives": [collective]})
-    assert "| 1024 | 4 |" in text and "| 8 | 4 | 1.00 | 2.000 | 1.000 | 2.00x | 0.500 |" in text
+    assert "| 1024 | 4 |" in text and "(32.08 KiB per rank" in text
+    assert "| 1 MiB | 8 | 0.250 | 0.500 | 1.000 | 2.000 | 2.00x | 1.50x | 1.100 | 1.10x |" in text
+    # the payloads are the bytes named, in at least 2 lognormal samples
+    for nbytes in (2**10, 2**16, 3 * 2**20):
+        x = distributed._batch(0, nbytes, distributed.DIM)
+        assert x.values.numel() * 4 == nbytes and x.batch_size >= 2
+        assert int(x.lengths.min()) >= 1

@@ -212,23 +212,127 @@ def check_all_to_all_gradients(rank: int) -> list[str]:
     return problems
 
 
+def _samples_from(splits: tuple[list[int], ...], rank: int) -> list[int]:
+    """Samples this rank receives from each rank."""
+    return [splits[source][rank] for source in range(WORLD)]
+
+
+def check_all_to_all_given_output_sizes(rank: int) -> list[str]:
+    """``output_splits`` / ``output_sizes`` skip the header: same samples, and back again."""
+    problems = []
+    for case, lengths in CASES.items():
+        xs = [_tokens(lengths[r], seed=r) for r in range(WORLD)]
+        expected = _received(xs, SPLITS[case], rank)
+        froms = _samples_from(SPLITS[case], rank)
+        sizes = torch.tensor([[e.shape[0]] for e in expected], dtype=torch.int64).reshape(-1, 1)
+        got = all_to_all(xs[rank], SPLITS[case][rank], output_splits=froms, output_sizes=sizes)
+        problems += [f"{case}: {p}" for p in _same(got, expected, xs[0])]
+        # lengths ([N]) and tensor splits; sending the received samples back restores x
+        back = all_to_all(
+            got,
+            torch.tensor(froms),
+            output_splits=torch.tensor(SPLITS[case][rank]),
+            output_sizes=xs[rank].sizes[:, 0].to(torch.int32),
+        )
+        problems += [f"{case} back: {p}" for p in _same(back, samples(xs[rank]), xs[0])]
+    ps = [_pairs([2, 3] if r == 0 else [1, 2], seed=10 + r) for r in range(WORLD)]
+    splits = ([1, 1], [2, 0])
+    expected = _received(ps, splits, rank)
+    sizes = torch.tensor([[e.shape[0], e.shape[2]] for e in expected], dtype=torch.int64)
+    got = all_to_all(
+        ps[rank], splits[rank], output_splits=_samples_from(splits, rank), output_sizes=sizes
+    )
+    problems += [f"pairs: {p}" for p in _same(got, expected, ps[0])]
+    return problems
+
+
+def check_all_to_all_given_output_sizes_gradients(rank: int) -> list[str]:
+    problems = []
+    for case, lengths in CASES.items():
+        xs = [_tokens(lengths[r], seed=r) for r in range(WORLD)]
+        froms = _samples_from(SPLITS[case], rank)
+        sizes = all_to_all(xs[rank], SPLITS[case][rank]).sizes
+        values = xs[rank].values.clone().requires_grad_()
+        out = all_to_all(
+            xs[rank].with_values(values),
+            SPLITS[case][rank],
+            output_splits=froms,
+            output_sizes=sizes,
+        )
+        (out.values * _weights(rank, out.values.shape[0])).sum().backward()
+        problems += _close(
+            f"{case} grad", values.grad, _expected_all_to_all_grad(xs, SPLITS[case], rank)
+        )
+    return problems
+
+
+def check_all_to_all_forward_mode_dual(rank: int) -> list[str]:
+    """A ``forward_ad`` dual tensor (no ``torch.func``, no requires_grad) keeps its tangent."""
+    from torch.autograd import forward_ad
+
+    problems = []
+    for case, lengths in CASES.items():
+        xs = [_tokens(lengths[r], seed=r) for r in range(WORLD)]
+        us = [_tokens(lengths[r], seed=50 + r) for r in range(WORLD)]
+        with forward_ad.dual_level():
+            dual = forward_ad.make_dual(xs[rank].values, us[rank].values)
+            out = all_to_all(xs[rank].with_values(dual), SPLITS[case][rank]).values
+            tangent = forward_ad.unpack_dual(out).tangent
+        expected = torch.cat([*_received(us, SPLITS[case], rank), torch.zeros(0, D, dtype=DTYPE)])
+        problems += _close(f"{case} tangent", tangent, expected)
+    return problems
+
+
 def check_errors_raise_on_every_rank(rank: int) -> list[str]:
     problems = []
     x = _tokens([1, 2], seed=rank)
+    nested = raggedfn.from_list([[torch.ones(1, D)], [torch.ones(2, D), torch.ones(1, D)]])
     bad = {
         "splits": lambda: all_to_all(x, [3, 0] if rank == 0 else [1, 1]),
         "splits count": lambda: all_to_all(x, [2] if rank == 0 else [1, 1]),
         "dense shape": lambda: all_gather(x if rank == 0 else x.with_values(x.values[:, :2])),
         "dtype": lambda: all_to_all(x if rank == 0 else x.float(), [1, 1]),
+        "nested (rank 0)": lambda: all_to_all(nested if rank == 0 else x, [1, 1]),
     }
-    for name, call in bad.items():
+    # given receive sizes nothing is exchanged first: bad ones raise where they are passed
+    sizes = torch.tensor([[1], [2]])
+    local = {
+        "sizes without splits": lambda: all_to_all(x, [1, 1], output_sizes=sizes),
+        "float sizes": lambda: all_to_all(
+            x, [1, 1], output_splits=[1, 1], output_sizes=1.0 * sizes
+        ),
+        "sizes of 2 axes": lambda: all_to_all(
+            x, [1, 1], output_splits=[1, 1], output_sizes=sizes.repeat(1, 2)
+        ),
+        "negative sizes": lambda: all_to_all(x, [1, 1], output_splits=[1, 1], output_sizes=-sizes),
+        "output splits sum": lambda: all_to_all(
+            x, [1, 1], output_splits=[1, 2], output_sizes=sizes
+        ),
+        "what a rank sends itself": lambda: all_to_all(
+            x, [1, 1], output_splits=[2, 0] if rank == 0 else [0, 2], output_sizes=sizes
+        ),
+    }
+    expected = {
+        "sizes without splits": "pass both or neither",
+        "float sizes": "integer tensor of shape [N] or [N, 1]",
+        "sizes of 2 axes": "integer tensor of shape [N] or [N, 1]",
+        "negative sizes": "non-negative",
+        "output splits sum": "add up to the number of output_sizes 2",
+        "what a rank sends itself": f"samples of 3 rows from this rank (rank {rank}), but it sends",
+        "nested (rank 0)": "rank(s) [0]" if rank == 1 else "nested ragged axes",
+    }
+    for name, call in {**bad, **local}.items():
         try:
             call()
             problems.append(f"{name}: no error")
         except RaggedError as error:
-            mentions = "rank(s) [0]" in str(error) if rank == 1 and "splits" in name else True
+            mentions = (
+                "rank(s) [0]" in str(error) if rank == 1 and name.startswith("splits") else True
+            )
             if not mentions:
                 problems.append(f"{name}: rank 1 message does not name rank 0: {error}")
+            if name in expected and expected[name] not in str(error):
+                problems.append(f"{name}: message {error}")
     return problems
 
 

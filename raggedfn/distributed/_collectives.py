@@ -10,10 +10,14 @@ third call before the values. Only the values exchange is differentiable; its
 backward is the reverse exchange. Every rank checks every header, so bad input on
 one rank raises a ``RaggedError`` on all ranks instead of leaving the others
 waiting.
+
+``all_to_all`` with ``output_splits`` and ``output_sizes`` (what this rank
+receives, known to the caller) skips the header: one call, the values exchange.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import zlib
 from collections.abc import Sequence
@@ -24,7 +28,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._errors import describe, fail
-from .._index import offsets_of
 from .._prims._collective import all_to_all_single
 from .._ragged import Ragged
 
@@ -69,15 +72,24 @@ def all_gather(x: Ragged, group: Any = None) -> Ragged:
     values = x.values.unsqueeze(0).expand(world, *x.values.shape).reshape(-1, *x.values.shape[1:])
     sizes = x.sizes.repeat(world, 1)
     batch, rows = x.batch_size, x.values.shape[0]
-    return _exchange(fn, x, values, sizes, [batch] * world, [rows] * world, None, group)
+    problem = _nested(x)
+    return _exchange(fn, x, values, sizes, [batch] * world, [rows] * world, problem, world, group)
 
 
-def all_to_all(x: Ragged, splits: Sequence[int] | Tensor, group: Any = None) -> Ragged:
+def all_to_all(
+    x: Ragged,
+    splits: Sequence[int] | Tensor,
+    group: Any = None,
+    *,
+    output_splits: Sequence[int] | Tensor | None = None,
+    output_sizes: Tensor | None = None,
+) -> Ragged:
     """Send ``splits[r]`` consecutive samples of ``x`` to rank ``r``; receive from every rank.
 
     The torchrec ``KeyedJaggedTensor`` / JAX ``ragged_all_to_all`` exchange for
     samples: rank ``r`` receives ``x[start:start + splits[r]]`` of every rank,
-    with ``start = sum(splits[:r])``.
+    with ``start = sum(splits[:r])``. The ranks first exchange a small header
+    (what each receives, checked on every rank), then the values, once.
 
     Args:
         x: this rank's ``Ragged`` of logical shape ``(B, ...)`` (see
@@ -85,6 +97,18 @@ def all_to_all(x: Ragged, splits: Sequence[int] | Tensor, group: Any = None) -> 
         splits: ``W`` non-negative ints (a list or a 1-D integer tensor) adding
             up to ``B``; ``W`` is the group's size.
         group: the process group (``None``: the default group).
+        output_splits: optional, with ``output_sizes``: the number of samples
+            this rank receives from each rank (``W`` ints), as
+            ``torch.distributed.all_to_all_single``'s ``output_split_sizes``.
+            Given both, the header exchange is skipped: one collective moves
+            the values. As with ``output_split_sizes``, they must match what the
+            other ranks send; nothing checks them across ranks, and bad input
+            raises on its own rank only.
+        output_sizes: optional, with ``output_splits``: the received samples'
+            sizes, ``[sum(output_splits), R]`` integers like ``Ragged.sizes``
+            (``[sum(output_splits)]`` lengths for one ragged axis), in the order
+            of the result; e.g. ``x.sizes`` when the exchange sends back what an
+            earlier one brought.
 
     Returns:
         The received samples ordered by source rank (then by position at the
@@ -97,19 +121,33 @@ def all_to_all(x: Ragged, splits: Sequence[int] | Tensor, group: Any = None) -> 
 
         >>> import torch, raggedfn
         >>> x = raggedfn.from_list([torch.ones(n, 4) for n in (1, 2, 3)])  # doctest: +SKIP
-        >>> y = raggedfn.distributed.all_to_all(x, [1, 2] if rank == 0 else [0, 3])  # doctest: +SKIP
+        >>> splits = [1, 2] if rank == 0 else [0, 3]  # doctest: +SKIP
+        >>> y = raggedfn.distributed.all_to_all(x, splits)  # doctest: +SKIP
         >>> y.lengths.tolist()  # rank 0: [1]; rank 1: [2, 3, 1, 2, 3]  # doctest: +SKIP
+
+        Sending the samples back, the receive sizes are known (``x.sizes``):
+
+        >>> got = [1, 0] if rank == 0 else [2, 3]  # samples y holds from each rank  # doctest: +SKIP
+        >>> back = raggedfn.distributed.all_to_all(y, got, output_splits=splits, output_sizes=x.sizes)  # doctest: +SKIP
+        >>> torch.equal(back.values, x.values)  # doctest: +SKIP
+        True
     """
     fn = "all_to_all"
     _require_ragged(fn, x)
     world = dist.get_world_size(group)
-    counts, problem = _check_splits(fn, splits, world, x.batch_size)
-    rows: list[int] = [0] * world
+    counts, problem = _check_splits(fn, "splits", splits, world, x.batch_size, "the batch size")
+    problem = problem or _nested(x)
+    known = output_splits is not None or output_sizes is not None
+    if known:
+        if problem is not None:
+            raise fail(fn, problem)
+        return _known_exchange(fn, x, counts, output_splits, output_sizes, world, group)
+    rows = [0] * world
     if problem is None:
-        bounds = torch.tensor([0, *counts], dtype=torch.int64).cumsum(0)
-        at = x.offsets.index_select(0, bounds.to(x.offsets.device)).tolist()
+        bounds = list(itertools.accumulate(counts, initial=0))
+        at = x.offsets[bounds].tolist()
         rows = [b - a for a, b in itertools.pairwise(at)]
-    return _exchange(fn, x, x.values, x.sizes, counts, rows, problem, group)
+    return _exchange(fn, x, x.values, x.sizes, counts, rows, problem, world, group)
 
 
 def _require_ragged(fn: str, x: Any) -> None:
@@ -117,31 +155,44 @@ def _require_ragged(fn: str, x: Any) -> None:
         raise fail(fn, f"x must be a Ragged value, got {describe(x)}")
 
 
-def _check_splits(fn: str, splits: Any, world: int, batch: int) -> tuple[list[int], str | None]:
+def _nested(x: Ragged) -> str | None:
+    """Why ``x`` cannot be exchanged (nested axes need their row offsets moved too)."""
+    if x.is_nested:
+        return f"values with nested ragged axes ({x.layout.code!r}) cannot be exchanged yet"
+    return None
+
+
+def _check_splits(
+    fn: str, name: str, splits: Any, world: int, total: int, what: str
+) -> tuple[list[int], str | None]:
     """The splits as ints, or zeros and why they are bad (reported on every rank)."""
+    if type(splits) in (list, tuple) and all(type(s) is int for s in splits):  # the usual case
+        counts = list(splits)
+        if len(counts) == world and min(counts) >= 0 and sum(counts) == total:
+            return counts, None
     if isinstance(splits, Tensor):
         if splits.ndim != 1 or splits.is_floating_point() or splits.is_complex():
-            return [0] * world, f"splits must be a 1-D integer tensor, got {describe(splits)}"
+            return [0] * world, f"{name} must be a 1-D integer tensor, got {describe(splits)}"
         splits = splits.tolist()
     try:
         counts = [int(s) for s in splits]
     except (TypeError, ValueError):
-        return [0] * world, f"splits must be a sequence of ints, got {describe(splits)}"
+        return [0] * world, f"{name} must be a sequence of ints, got {describe(splits)}"
     if any(isinstance(s, bool) or int(s) != s for s in splits):
-        return [0] * world, f"splits must be a sequence of ints, got {describe(splits)}"
+        return [0] * world, f"{name} must be a sequence of ints, got {describe(splits)}"
     if len(counts) != world:
-        return [0] * world, f"splits has {len(counts)} entries but the group has {world} ranks"
-    if any(c < 0 for c in counts) or sum(counts) != batch:
-        return [0] * world, (
-            f"splits must be non-negative and add up to the batch size {batch}, got {counts}"
-        )
+        return [0] * world, f"{name} has {len(counts)} entries but the group has {world} ranks"
+    if any(c < 0 for c in counts) or sum(counts) != total:
+        return [
+            0
+        ] * world, f"{name} must be non-negative and add up to {what} {total}, got {counts}"
     return counts, None
 
 
-def _fingerprint(x: Ragged) -> int:
+@functools.lru_cache(maxsize=256)
+def _fingerprint(code: str, dense: tuple[int, ...], dtype: torch.dtype) -> int:
     """Same on every rank iff the layouts, dense shapes and dtypes agree."""
-    text = f"{x.layout.code}|{tuple(x.values.shape[1:])}|{x.dtype}"
-    return zlib.crc32(text.encode())
+    return zlib.crc32(f"{code}|{dense}|{dtype}".encode())
 
 
 def _exchange(
@@ -152,33 +203,49 @@ def _exchange(
     samples_to: list[int],
     rows_to: list[int],
     problem: str | None,
+    world: int,
     group: Any,
 ) -> Ragged:
-    world = dist.get_world_size(group)
     num_ragged = x.layout.num_ragged
     capacity = max(8, _INLINE_SIZES // world)  # sizes entries per destination in the header
-    overflow = problem is None and any(n * num_ragged > capacity for n in samples_to)
+    entries = [n * num_ragged for n in samples_to]
+    overflow = problem is None and max(entries) > capacity
+    fingerprint = _fingerprint(x.layout.code, tuple(x.values.shape[1:]), x.dtype)
     meta = [
-        [samples_to[r], rows_to[r], _fingerprint(x), problem is not None, overflow]
+        [samples_to[r], rows_to[r], fingerprint, problem is not None, overflow]
         for r in range(world)
     ]
     header = torch.zeros(world, _META + capacity, dtype=torch.int64, device=x.device)
     header[:, :_META] = torch.tensor(meta, dtype=torch.int64)
-    starts = list(itertools.accumulate(samples_to, initial=0))
     if problem is None and not overflow:
-        for r in range(world):
-            block = sizes[starts[r] : starts[r + 1]].reshape(-1)
-            header[r, _META : _META + block.shape[0]] = block
+        # destination r's sizes, zero-padded to the longest: one copy into the header
+        blocks = sizes.reshape(-1).split(entries)
+        inline = torch.nn.utils.rnn.pad_sequence(blocks, batch_first=True)
+        header[:, _META : _META + inline.shape[1]] = inline
     received = torch.empty_like(header)
     dist.all_to_all_single(received, header, group=group)
     heard = received[:, :_META].tolist()
     if problem is not None:
         raise fail(fn, problem)
-    failed = [r for r in range(world) if heard[r][_ERROR]]
+    _check_heard(fn, x, heard, fingerprint)
+    samples_from = [h[_SAMPLES] for h in heard]
+    rows_from = [h[_ROWS] for h in heard]
+    if any(h[_OVERFLOW] for h in heard):  # every rank sees the same flags: all exchange
+        got_sizes = sizes.new_empty((sum(samples_from), num_ragged))
+        dist.all_to_all_single(got_sizes, sizes.contiguous(), samples_from, samples_to, group=group)
+    else:
+        got = [received[r, _META : _META + n * num_ragged] for r, n in enumerate(samples_from)]
+        got_sizes = torch.cat(got).reshape(-1, num_ragged)
+    got_values = all_to_all_single(values, rows_from, rows_to, group)
+    return Ragged._make(got_values, _offsets(got_sizes), got_sizes, x.layout)
+
+
+def _check_heard(fn: str, x: Ragged, heard: list[list[int]], fingerprint: int) -> None:
+    """Raise on every rank if any rank's input was bad or disagrees with this rank's."""
+    failed = [r for r, h in enumerate(heard) if h[_ERROR]]
     if failed:
         raise fail(fn, f"rank(s) {failed} of the group passed bad input (see the error there)")
-    mine = heard[dist.get_rank(group)][_FINGERPRINT]
-    differ = [r for r in range(world) if heard[r][_FINGERPRINT] != mine]
+    differ = [r for r, h in enumerate(heard) if h[_FINGERPRINT] != fingerprint]
     if differ:
         here = x.layout.describe(tuple(x.values.shape[1:]))
         raise fail(
@@ -186,17 +253,73 @@ def _exchange(
             f"rank(s) {differ} hold values of another layout, dense shape or dtype than this "
             f"rank's {here} {x.dtype}; every rank must agree",
         )
-    samples_from = [h[_SAMPLES] for h in heard]
-    rows_from = [h[_ROWS] for h in heard]
-    if any(h[_OVERFLOW] for h in heard):  # every rank sees the same flags: all exchange
-        got_sizes = sizes.new_empty((sum(samples_from), num_ragged))
-        dist.all_to_all_single(got_sizes, sizes.contiguous(), samples_from, samples_to, group=group)
-    else:
-        blocks = [received[r, _META : _META + n * num_ragged] for r, n in enumerate(samples_from)]
-        got_sizes = torch.cat(blocks).reshape(-1, num_ragged)
-    got_values = all_to_all_single(values, rows_from, rows_to, group)
-    offsets = offsets_of(got_sizes.prod(dim=1))
-    return Ragged(got_values, offsets, got_sizes, x.layout)
+
+
+def _offsets(sizes: Tensor) -> Tensor:
+    """``[N + 1]`` offsets of samples of ``[N, R]`` sizes (one op less for one ragged axis)."""
+    lengths = sizes[:, 0] if sizes.shape[1] == 1 else sizes.prod(dim=1)
+    offsets = sizes.new_zeros(sizes.shape[0] + 1)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    return offsets
+
+
+def _known_exchange(
+    fn: str,
+    x: Ragged,
+    counts: list[int],
+    output_splits: Any,
+    output_sizes: Any,
+    world: int,
+    group: Any,
+) -> Ragged:
+    """``all_to_all`` with the receive side known: the values exchange alone."""
+    if output_splits is None or output_sizes is None:
+        raise fail(fn, "output_splits and output_sizes go together: pass both or neither")
+    num_ragged = x.layout.num_ragged
+    if (
+        not isinstance(output_sizes, Tensor)
+        or output_sizes.is_floating_point()
+        or output_sizes.is_complex()
+        or output_sizes.dtype == torch.bool
+        or output_sizes.ndim not in (1, 2)
+        or (output_sizes.ndim == 1 and num_ragged != 1)
+        or (output_sizes.ndim == 2 and output_sizes.shape[1] != num_ragged)
+    ):
+        form = "[N] or [N, 1]" if num_ragged == 1 else f"[N, {num_ragged}]"
+        raise fail(
+            fn,
+            f"output_sizes must be an integer tensor of shape {form} (the received samples' "
+            f"sizes), got {describe(output_sizes)}",
+        )
+    if output_sizes.device != x.device:
+        raise fail(fn, f"output_sizes must be on {x.device}, got {describe(output_sizes)}")
+    got_sizes = output_sizes.to(torch.int64).reshape(-1, num_ragged)
+    samples_from, problem = _check_splits(
+        fn, "output_splits", output_splits, world, got_sizes.shape[0], "the number of output_sizes"
+    )
+    if problem is not None:
+        raise fail(fn, problem)
+    offsets = _offsets(got_sizes)
+    # one host read: rows sent to and received from each rank, and a negative size
+    bounds_to = list(itertools.accumulate(counts, initial=0))
+    bounds_from = list(itertools.accumulate(samples_from, initial=0))
+    negative = (got_sizes < 0).any().reshape(1)
+    read = torch.cat([x.offsets[bounds_to], offsets[bounds_from], negative]).tolist()
+    if read[-1]:
+        raise fail(fn, "output_sizes must be non-negative")
+    at_to, at_from = read[: world + 1], read[world + 1 : -1]
+    rows_to = [b - a for a, b in itertools.pairwise(at_to)]
+    rows_from = [b - a for a, b in itertools.pairwise(at_from)]
+    rank = dist.get_rank(group)
+    if (samples_from[rank], rows_from[rank]) != (counts[rank], rows_to[rank]):
+        raise fail(
+            fn,
+            f"output_splits and output_sizes expect {samples_from[rank]} samples of "
+            f"{rows_from[rank]} rows from this rank (rank {rank}), but it sends itself "
+            f"{counts[rank]} samples of {rows_to[rank]} rows",
+        )
+    got_values = all_to_all_single(x.values, rows_from, rows_to, group)
+    return Ragged._make(got_values, offsets, got_sizes, x.layout)
 
 
 __all__ = ["all_gather", "all_to_all"]
