@@ -103,25 +103,21 @@ def _batch(rank: int, nbytes: int, dim: int) -> raggedfn.Ragged:
     return raggedfn.from_lengths(values, torch.tensor(lengths))
 
 
-def _timed(
-    calls: dict[str, Any], rounds: int, number: int
-) -> tuple[dict[str, float], list[dict[str, float]]]:
-    """Median ms of each call, and each round's times (rounds rotate who goes first)."""
+def _timed(calls: dict[str, Any], rounds: int) -> list[dict[str, float]]:
+    """Each round times one call of each (ms), each call started by a barrier so that
+    both ranks enter it together; rounds rotate who goes first, round 0 warms up."""
     names = list(calls)
     per_round: list[dict[str, float]] = []
     for r in range(rounds + 1):
-        order = names[r % len(names) :] + names[: r % len(names)]
         now: dict[str, float] = {}
-        for name in order:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             dist.barrier()
             started = time.perf_counter()
-            for _ in range(number):
-                calls[name]()
-            now[name] = 1e3 * (time.perf_counter() - started) / number
-        if r > 0:  # round 0 warms up
+            calls[name]()
+            now[name] = 1e3 * (time.perf_counter() - started)
+        if r > 0:
             per_round.append(now)
-    medians = {name: statistics.median(t[name] for t in per_round) for name in names}
-    return medians, per_round
+    return per_round
 
 
 def _measure(case: dict, rank: int) -> dict:
@@ -174,7 +170,8 @@ def _measure(case: dict, rank: int) -> dict:
         "header": sizes_only,
         "tiny": smallest,
     }
-    times, per_round = _timed(calls, case["rounds"], case["repeat"])
+    per_round = _timed(calls, case["rounds"])
+    times = {name: statistics.median(t[name] for t in per_round) for name in calls}
 
     def ratio(f: Any) -> float:
         return statistics.median(f(t) / t["single"] for t in per_round)
@@ -253,7 +250,7 @@ def collectives_markdown(rows: list[dict]) -> str:
     lines = [
         f"all_to_all of a ragged batch vs all_to_all_single of the same bytes ({WORLD} gloo "
         f"processes, 1 thread each, float32 [T, {DIM}], lognormal lengths, half the samples "
-        f"to each rank; times are medians, ratios medians of per-round ratios; target within "
+        f"to each rank; each call timed alone after a barrier, times are medians over rounds, ratios medians of per-round ratios; target within "
         f"{TARGET}x). *header*: one all_to_all_single of the header alone ({_size(header_bytes)} "
         f"per rank: what the sizes exchange sends); *8 B*: one of 8 bytes to each rank; floor: "
         f"(header + payload) / payload; *known sizes*: all_to_all given output_splits and "
@@ -303,10 +300,9 @@ SIZES = (*(2**k for k in range(10, 27, 2)), 100 * 2**20)
 
 
 def _case(nbytes: int, quick: bool) -> dict:
-    """Rounds and calls per timing: about 10 ms of payload per timing, fewer rounds when big."""
-    repeat = max(1, min(50, 2**22 // nbytes))
-    rounds = (5 if quick else 15) if nbytes <= 2**24 else (3 if quick else 7)
-    return {"bytes": nbytes, "repeat": repeat, "rounds": rounds}
+    """Rounds: many for small payloads (their times are noisy), a few for large ones."""
+    rounds = max(7, min(300, 2**27 // nbytes)) // (3 if quick else 1)
+    return {"bytes": nbytes, "rounds": rounds}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

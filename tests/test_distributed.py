@@ -33,11 +33,13 @@ WORLD = 2
 D = 3
 DTYPE = torch.float64
 
-# lengths each rank holds, per case: rank 1 of "empty" holds no sample; rank 0 of "many"
-# sends more sizes than the header holds inline (2048 per destination for 2 ranks)
+# lengths each rank holds, per case: rank 1 of "empty" holds no sample; rank 0 of "mid"
+# sends more sizes than a header built from Python lists takes (256), rank 0 of "many"
+# more than the header holds inline (2048 per destination for 2 ranks)
 CASES: dict[str, tuple[list[int], list[int]]] = {
     "tokens": ([3, 0, 2], [4, 1]),
     "empty": ([2, 5], []),
+    "mid": ([i % 5 for i in range(300)], [2, 2]),
     "many": ([i % 4 for i in range(2100)], [1, 2, 0]),
 }
 
@@ -124,7 +126,12 @@ def check_all_gather_gradients(rank: int) -> list[str]:
 
 
 # rank r sends SPLITS[case][r][d] consecutive samples to rank d
-SPLITS = {"tokens": ([1, 2], [2, 0]), "empty": ([0, 2], [0, 0]), "many": ([2060, 40], [1, 2])}
+SPLITS = {
+    "tokens": ([1, 2], [2, 0]),
+    "empty": ([0, 2], [0, 0]),
+    "mid": ([140, 160], [1, 1]),
+    "many": ([2060, 40], [1, 2]),
+}
 
 
 def _received(xs: list[raggedfn.Ragged], splits: tuple[list[int], ...], rank: int) -> list[Any]:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._errors import describe, fail
@@ -38,6 +39,8 @@ _META = 5
 # sizes entries a rank sends inline in the header, over all destinations; batches with
 # more go in an exchange of their own
 _INLINE_SIZES = 4096
+# up to this many sizes entries the header is built from Python lists
+_HOST_SIZES = 256
 
 
 def all_gather(x: Ragged, group: Any = None) -> Ragged:
@@ -142,11 +145,7 @@ def all_to_all(
         if problem is not None:
             raise fail(fn, problem)
         return _known_exchange(fn, x, counts, output_splits, output_sizes, world, group)
-    rows = [0] * world
-    if problem is None:
-        bounds = list(itertools.accumulate(counts, initial=0))
-        at = x.offsets[bounds].tolist()
-        rows = [b - a for a, b in itertools.pairwise(at)]
+    rows = [0] * world if problem is not None else _rows(x.offsets, counts)
     return _exchange(fn, x, x.values, x.sizes, counts, rows, problem, world, group)
 
 
@@ -160,6 +159,17 @@ def _nested(x: Ragged) -> str | None:
     if x.is_nested:
         return f"values with nested ragged axes ({x.layout.code!r}) cannot be exchanged yet"
     return None
+
+
+def _rows(offsets: Tensor, counts: list[int]) -> list[int]:
+    """Packed rows in each run of ``counts`` consecutive samples.
+
+    Reads only the ``W - 1`` inner boundaries (a scalar each: cheaper than an
+    index tensor for the few ranks of a group); the ends are 0 and ``T``.
+    """
+    inner = itertools.accumulate(counts[:-1])
+    at = [0, *(int(offsets[b]) for b in inner), int(offsets[-1])]
+    return [b - a for a, b in itertools.pairwise(at)]
 
 
 def _check_splits(
@@ -215,13 +225,22 @@ def _exchange(
         [samples_to[r], rows_to[r], fingerprint, problem is not None, overflow]
         for r in range(world)
     ]
-    header = torch.zeros(world, _META + capacity, dtype=torch.int64, device=x.device)
-    header[:, :_META] = torch.tensor(meta, dtype=torch.int64)
-    if problem is None and not overflow:
-        # destination r's sizes, zero-padded to the longest: one copy into the header
-        blocks = sizes.reshape(-1).split(entries)
-        inline = torch.nn.utils.rnn.pad_sequence(blocks, batch_first=True)
-        header[:, _META : _META + inline.shape[1]] = inline
+    if problem is None and not overflow and sum(entries) <= _HOST_SIZES:
+        # a small batch: the header's rows as Python lists, one tensor (fewest torch calls)
+        flat, start, width = sizes.reshape(-1).tolist(), 0, max(entries)
+        for r in range(world):
+            meta[r] += flat[start : start + entries[r]] + [0] * (width - entries[r])
+            start += entries[r]
+        body = torch.tensor(meta, dtype=torch.int64, device=x.device)
+        header = F.pad(body, (0, capacity - width))
+    else:
+        header = torch.zeros(world, _META + capacity, dtype=torch.int64, device=x.device)
+        header[:, :_META] = torch.tensor(meta, dtype=torch.int64)
+        if problem is None and not overflow:
+            # destination r's sizes, zero-padded to the longest: one copy into the header
+            blocks = sizes.reshape(-1).split(entries)
+            inline = torch.nn.utils.rnn.pad_sequence(blocks, batch_first=True)
+            header[:, _META : _META + inline.shape[1]] = inline
     received = torch.empty_like(header)
     dist.all_to_all_single(received, header, group=group)
     heard = received[:, :_META].tolist()
@@ -299,17 +318,10 @@ def _known_exchange(
     )
     if problem is not None:
         raise fail(fn, problem)
-    offsets = _offsets(got_sizes)
-    # one host read: rows sent to and received from each rank, and a negative size
-    bounds_to = list(itertools.accumulate(counts, initial=0))
-    bounds_from = list(itertools.accumulate(samples_from, initial=0))
-    negative = (got_sizes < 0).any().reshape(1)
-    read = torch.cat([x.offsets[bounds_to], offsets[bounds_from], negative]).tolist()
-    if read[-1]:
+    if bool((got_sizes < 0).any()):
         raise fail(fn, "output_sizes must be non-negative")
-    at_to, at_from = read[: world + 1], read[world + 1 : -1]
-    rows_to = [b - a for a, b in itertools.pairwise(at_to)]
-    rows_from = [b - a for a, b in itertools.pairwise(at_from)]
+    offsets = _offsets(got_sizes)
+    rows_to, rows_from = _rows(x.offsets, counts), _rows(offsets, samples_from)
     rank = dist.get_rank(group)
     if (samples_from[rank], rows_from[rank]) != (counts[rank], rows_to[rank]):
         raise fail(
