@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -217,6 +218,63 @@ def collective_rows(cases: list[dict]) -> list[dict]:
         return rows
 
 
+def cpu_rows(
+    batches: Sequence[int] = (2, 64, 1024), rounds: int = 7, number: int = 200
+) -> list[dict]:
+    """Main-thread CPU microseconds per call (``time.thread_time``, medians over rounds) in a
+    1-process gloo group: what our Python costs, free of the other rank's scheduling. The
+    payload is small (16 rows of ``DIM`` floats per sample); each call exchanges it with
+    this rank itself."""
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{directory}/rendezvous", rank=0, world_size=1
+        )
+        try:
+            for batch in batches:
+                x = raggedfn.from_lengths(torch.randn(16 * batch, DIM), torch.full((batch,), 16))
+                xg = x.with_values(x.values.clone().requires_grad_())
+                rows_all = [x.values.shape[0]]
+                header = torch.zeros(1, _collectives._META + _collectives._INLINE_SIZES)
+                header = header.to(torch.int64)
+
+                def single(x: raggedfn.Ragged = x, rows_all: list[int] = rows_all) -> None:
+                    out = x.values.new_empty(x.values.shape)
+                    dist.all_to_all_single(out, x.values, rows_all, rows_all)
+
+                def two(header: torch.Tensor = header, single: Any = single) -> None:
+                    dist.all_to_all_single(torch.empty_like(header), header)
+                    single()
+
+                a2a = raggedfn.distributed.all_to_all
+                calls = {
+                    "single": single,
+                    "two": two,
+                    "all_to_all": functools.partial(a2a, x, [batch]),
+                    "all_to_all_grad": functools.partial(a2a, xg, [batch]),
+                    "known": functools.partial(
+                        a2a, x, [batch], output_splits=[batch], output_sizes=x.sizes
+                    ),
+                    "all_gather": functools.partial(raggedfn.distributed.all_gather, x),
+                }
+                times: dict[str, list[float]] = {name: [] for name in calls}
+                for _ in range(rounds):
+                    for name, call in calls.items():
+                        started = time.thread_time()
+                        for _ in range(number):
+                            call()
+                        times[name].append(1e6 * (time.thread_time() - started) / number)
+                rows.append(
+                    {
+                        "samples": batch,
+                        **{f"{k}_us": statistics.median(v) for k, v in times.items()},
+                    }
+                )
+        finally:
+            dist.destroy_process_group()
+    return rows
+
+
 # ----- report ------------------------------------------------------------------------------
 
 
@@ -235,6 +293,8 @@ def markdown(record: dict[str, Any]) -> str:
             f"{100 * row['rank_spread']:.2f}% | {row['plan_seconds']:.2f} |"
         )
     lines += ["", collectives_markdown(record["collectives"])]
+    if record.get("cpu"):
+        lines += ["", cpu_markdown(record["cpu"])]
     return "\n".join(lines) + "\n"
 
 
@@ -266,6 +326,24 @@ def collectives_markdown(rows: list[dict]) -> str:
             f"{row['header_ms']:.3f} | {row['single_ms']:.3f} | {row['ragged_ms']:.3f} | "
             f"{row['ratio']:.2f}x | {row['floor_ratio']:.2f}x | {row['known_ms']:.3f} | "
             f"{row['known_ratio']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def cpu_markdown(rows: list[dict]) -> str:
+    lines = [
+        "Main-thread CPU per call (us; 1-process gloo group, 16-row samples, medians): "
+        "our Python around the collectives, without the other rank's scheduling.",
+        "",
+        "| samples | all_to_all_single | header + payload | all_to_all | all_to_all, values "
+        "requiring grad | all_to_all given sizes | all_gather |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['samples']} | {row['single_us']:.0f} | {row['two_us']:.0f} | "
+            f"{row['all_to_all_us']:.0f} | {row['all_to_all_grad_us']:.0f} | "
+            f"{row['known_us']:.0f} | {row['all_gather_us']:.0f} |"
         )
     return "\n".join(lines)
 
@@ -320,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = (2**10, 2**14, 2**18, 2**22, 100 * 2**20) if args.quick else SIZES
     cases = [_case(nbytes, args.quick) for nbytes in sizes]
     collectives = collective_rows(cases)
+    cpu = cpu_rows(rounds=3 if args.quick else 7)
     record = {
         "suite": "distributed",
         "quick": args.quick,
@@ -328,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "threads": 1,
         "sampler": sampler,
         "collectives": collectives,
+        "cpu": cpu,
         "seconds": time.perf_counter() - started,
     }
     stem = "distributed-quick" if args.quick else "distributed"

@@ -169,6 +169,9 @@ def test_distributed_sampler_rows_and_report() -> None:
     text = distributed.markdown({"sampler": rows, "collectives": [collective]})
     assert "| 1024 | 4 |" in text and "(32.08 KiB per rank" in text
     assert "| 1 MiB | 8 | 0.250 | 0.500 | 1.000 | 2.000 | 2.00x | 1.50x | 1.100 | 1.10x |" in text
+    cpu = distributed.cpu_rows(batches=(3,), rounds=1, number=2)
+    assert [r["samples"] for r in cpu] == [3] and all(v > 0 for v in cpu[0].values())
+    assert "| 3 | " in distributed.markdown({"sampler": rows, "collectives": [], "cpu": cpu})
     # the payloads are the bytes named, in at least 2 lognormal samples
     for nbytes in (2**10, 2**16, 3 * 2**20):
         x = distributed._batch(0, nbytes, distributed.DIM)

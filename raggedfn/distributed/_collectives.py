@@ -6,7 +6,8 @@ packed rows per destination, a fingerprint of layout / dense shape / dtype, an
 error flag, and the samples' ``[b, R]`` sizes inline), then the packed values,
 once, with uneven splits. A batch with more sizes than the header holds
 (``_INLINE_SIZES`` entries per rank over all destinations) exchanges them in a
-third call before the values. Only the values exchange is differentiable; its
+third call after the values. Between the two calls only what the values
+exchange needs is done (every rank waits for the slowest there). Only the values exchange is differentiable; its
 backward is the reverse exchange. Every rank checks every header, so bad input on
 one rank raises a ``RaggedError`` on all ranks instead of leaving the others
 waiting.
@@ -247,15 +248,15 @@ def _exchange(
     if problem is not None:
         raise fail(fn, problem)
     _check_heard(fn, x, heard, fingerprint)
+    # the values go first: the sizes' bookkeeping below waits no peer between the calls
+    got_values = all_to_all_single(values, [h[_ROWS] for h in heard], rows_to, group)
     samples_from = [h[_SAMPLES] for h in heard]
-    rows_from = [h[_ROWS] for h in heard]
     if any(h[_OVERFLOW] for h in heard):  # every rank sees the same flags: all exchange
         got_sizes = sizes.new_empty((sum(samples_from), num_ragged))
         dist.all_to_all_single(got_sizes, sizes.contiguous(), samples_from, samples_to, group=group)
     else:
         got = [received[r, _META : _META + n * num_ragged] for r, n in enumerate(samples_from)]
         got_sizes = torch.cat(got).reshape(-1, num_ragged)
-    got_values = all_to_all_single(values, rows_from, rows_to, group)
     return Ragged._make(got_values, _offsets(got_sizes), got_sizes, x.layout)
 
 
