@@ -258,12 +258,13 @@ def cpu_rows(
                     "all_gather": functools.partial(raggedfn.distributed.all_gather, x),
                 }
                 times: dict[str, list[float]] = {name: [] for name in calls}
-                for _ in range(rounds):
+                for r in range(rounds + 1):  # round 0 warms up
                     for name, call in calls.items():
                         started = time.thread_time()
                         for _ in range(number):
                             call()
-                        times[name].append(1e6 * (time.thread_time() - started) / number)
+                        if r > 0:
+                            times[name].append(1e6 * (time.thread_time() - started) / number)
                 rows.append(
                     {
                         "samples": batch,
@@ -379,7 +380,7 @@ SIZES = (*(2**k for k in range(10, 27, 2)), 100 * 2**20)
 
 def _case(nbytes: int, quick: bool) -> dict:
     """Rounds: many for small payloads (their times are noisy), a few for large ones."""
-    rounds = max(7, min(300, 2**27 // nbytes)) // (3 if quick else 1)
+    rounds = max(15, min(300, 2**28 // nbytes)) // (3 if quick else 1)
     return {"bytes": nbytes, "rounds": rounds}
 
 
