@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+import raggedfn
 from raggedfn import Ragged
 
 Sample = tuple[list[list[tuple[int, ...]]], list[Tensor]]
@@ -35,7 +36,7 @@ def canonical(x: Ragged) -> list[Sample]:
     parts = [[int(v) for v in p.tolist()] for p in x.row_offsets]
     levels = x.layout.num_ragged
     if not parts and levels != 1:
-        raise AssertionError("canonical() reads nested or one-level values")
+        return _canonical_rectangles(x, sizes, offsets)
     dense_perm = [a.index for a in x.layout.axes if not a.ragged]
     out: list[Sample] = []
     first = 0  # global id of the sample's first level-0 element
@@ -55,6 +56,24 @@ def canonical(x: Ragged) -> list[Sample]:
         if levels == 1:
             ids = list(range(offsets[i], offsets[i + 1]))
         assert ids == list(range(offsets[i], offsets[i + 1])), "rows of sample are not contiguous"
+        rows = [x.values[r].permute(*dense_perm) if dense_perm else x.values[r] for r in ids]
+        out.append((keys, rows))
+    return out
+
+
+def _canonical_rectangles(x: Ragged, sizes: list[list[int]], offsets: list[int]) -> list[Sample]:
+    """Rectangular ragged axes (stored in logical order): the keys of level ``k`` are
+    every coordinate tuple within the first ``k + 1`` sides, row-major."""
+    if [a.index for a in x.layout.axes if a.ragged] != list(range(x.layout.num_ragged)):
+        raise AssertionError("canonical() reads rectangles stored in logical order")
+    dense_perm = [a.index for a in x.layout.axes if not a.ragged]
+    out: list[Sample] = []
+    for i, sides in enumerate(sizes):
+        keys: list[list[tuple[int, ...]]] = [[(c,) for c in range(sides[0])]]
+        for side in sides[1:]:
+            keys.append([(*key, c) for key in keys[-1] for c in range(side)])
+        ids = range(offsets[i], offsets[i + 1])
+        assert len(ids) == len(keys[-1]), "rows of sample do not fill its rectangle"
         rows = [x.values[r].permute(*dense_perm) if dense_perm else x.values[r] for r in ids]
         out.append((keys, rows))
     return out
@@ -124,6 +143,7 @@ def lines(x: Ragged, level: int, op: Callable[[Tensor], Tensor]) -> list[Sample]
 def assert_canonical(got: Any, expected: list[Any], **tolerances: Any) -> None:
     """A result (``Ragged``, or dense ``[B, ...]``) equals the per-sample reference."""
     if isinstance(got, Ragged):
+        raggedfn.check(got)  # the result keeps its promises (rectangles rectangular)
         samples = canonical(got)
         assert len(samples) == len(expected), (len(samples), len(expected))
         for i, ((keys, rows), (want_keys, want_rows)) in enumerate(

@@ -508,7 +508,9 @@ def test_flatten_joins_levels_and_unflatten_splits_them(x: raggedfn.Ragged, data
     back = raggedfn.unflatten(flat, 1 + first, lengths)
     raggedfn.check(back)
     assert_canonical(back, canonical(x))
-    assert back.layout == x.layout
+    # per-row lengths promise no rectangle: every ragged axis after the first is nested
+    chain = " ".join(f"n{p[1:]}" if p[0] == "r" and p != "r0" else p for p in x.layout.code.split())
+    assert back.layout.code == chain
 
 
 def test_unflatten_refuses_lengths_that_do_not_add_up() -> None:

@@ -2,25 +2,14 @@
 
 from . import data as data
 from . import distributed as distributed
-from ._construct import (
-    check,
-    cu_seqlens,
-    from_lengths,
-    from_list,
-    from_nested,
-    from_offsets,
-    from_padded,
-    from_sizes,
-    mask,
-    to_nested,
-    to_padded,
-    unbind,
-)
+from ._construct import check, from_lengths, from_list, from_offsets, from_sizes, unbind
+from ._construct_interop import cu_seqlens, from_nested, to_nested
 from ._construct_nested import from_nested_lengths, from_segment_ids
 from ._errors import RaggedError, RaggedPerformanceWarning
 from ._interop import positions, segment_ids
 from ._layout import Axis, Layout
 from ._map import CacheInfo, MapReport, map, map_cache_info, map_report
+from ._padded import from_padded, mask, to_padded
 from ._ragged import Ragged
 from .ops import *  # noqa: F403
 from .ops import __all__ as _ops_all

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._errors import describe, fail, shape_text
+from ._errors import describe, fail
 from ._index import lengths_of, offsets_of
 from ._layout import Layout
+from ._mixed import as_rectangular, uniform_checks
 from ._nested import ancestors, coordinates, partition_from_lengths
 from ._ragged import Ragged
 from ._validate import check_partition, check_structure, is_tracing
@@ -40,12 +41,44 @@ def _index_tensor(fn: str, name: str, value: Any, device: torch.device) -> Tenso
     return value.to(torch.int64, copy=True)
 
 
-def build_nested(values: Tensor, lengths: Sequence[Tensor]) -> Ragged:
+def build_nested(values: Tensor, lengths: Sequence[Tensor], layout: Layout | None = None) -> Ragged:
     """A value from per-level lengths (level 0 per sample, level ``k`` per element of
-    level ``k - 1``), trusted: callers validate."""
+    level ``k - 1``), trusted: callers validate. ``layout`` (default: ragged axes
+    first, each nested in the one before) may mark axes rectangular; without a
+    nested axis left the result holds rectangles only."""
     offsets, sizes, row_offsets = partition_from_lengths(list(lengths))
-    layout = Layout.standard(len(lengths), values.ndim - 1, nested=len(lengths) > 1)
+    if layout is None:
+        layout = Layout.standard(len(lengths), values.ndim - 1, nested=len(lengths) > 1)
+    if len(lengths) > 1 and not layout.num_nested:
+        return as_rectangular(values, offsets, sizes, layout)
     return Ragged(values, offsets, sizes, layout, row_offsets)
+
+
+def check_rectangles(fn: str, layout: Layout, nested: Ragged) -> None:
+    """``RaggedError`` unless the axes ``layout`` marks rectangular are: checked on
+    ``nested``, the partition in chain form."""
+    total = nested.values.shape[0]
+    for ok, message in uniform_checks(nested.sizes, nested.row_offsets, total, layout):
+        if is_tracing(nested.sizes):
+            torch._assert_async(ok, f"{fn}: {message}")
+        elif not bool(ok):
+            raise fail(fn, message)
+
+
+def mixed_layout(
+    fn: str, num_levels: int, num_dense: int, rectangular_dims: Sequence[int]
+) -> Layout:
+    """Ragged axes first, nested except the logical axes ``rectangular_dims`` (>= 2)."""
+    dims = tuple(rectangular_dims)
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool) or not 2 <= d <= num_levels:
+            raise fail(
+                fn,
+                f"rectangular_dims entry {d!r} must be a ragged logical axis after the first, "
+                f"in 2..{num_levels}",
+            )
+    letters = tuple(1 + k not in dims for k in range(num_levels))
+    return Layout.from_ragged_positions(num_levels + num_dense, tuple(range(num_levels)), letters)
 
 
 def _check_lengths(fn: str, values: Tensor, lengths: list[Tensor]) -> None:
@@ -81,7 +114,9 @@ def _check_lengths(fn: str, values: Tensor, lengths: list[Tensor]) -> None:
             )
 
 
-def from_nested_lengths(values: Tensor, lengths: Sequence[Any]) -> Ragged:
+def from_nested_lengths(
+    values: Tensor, lengths: Sequence[Any], rectangular_dims: Sequence[int] = ()
+) -> Ragged:
     """Nested ragged axes from packed ``values`` and one lengths vector per level.
 
     Args:
@@ -90,15 +125,24 @@ def from_nested_lengths(values: Tensor, lengths: Sequence[Any]) -> Ragged:
             each sample's number of elements, level ``k`` each element's number of
             elements of level ``k + 1`` (the last level counts packed rows). One
             entry gives a one-level value (as ``from_lengths``).
+        rectangular_dims: logical axes (``>= 2``) that form a rectangle with the axis
+            before them instead of nesting in it: their lengths are equal for every
+            element of that axis under one element above the rectangle (one sample
+            for the first). ``[N, N per node, edges per node pair]`` with
+            ``rectangular_dims=(2,)`` is a per-sample ``N x N`` grid of edge lists.
 
     Returns:
         ``Ragged`` of logical shape ``(B, None, ..., None, *dense)`` with
-        ``len(lengths)`` ragged axes, each nested in the one before.
+        ``len(lengths)`` ragged axes, each nested in the one before or rectangular
+        with it. ``sizes[i, k]`` counts sample ``i``'s elements of axis ``k``; when
+        every axis is rectangular the value is an ordinary rectangular one
+        (``sizes`` the sides).
 
     Raises:
         RaggedError: lengths that are negative, not integers, not 1-D, or that do
             not add up (each level must have one entry per element of the level
-            before, the last must account for ``T`` rows).
+            before, the last must account for ``T`` rows); ``rectangular_dims``
+            out of range or whose lengths differ within a rectangle.
 
     Examples:
         >>> import torch, raggedfn
@@ -108,6 +152,10 @@ def from_nested_lengths(values: Tensor, lengths: Sequence[Any]) -> Ragged:
         ((2, None, None, 4), [[2, 4], [1, 2]], [0, 4, 6])
         >>> [t.shape for t in x[0]]
         [torch.Size([1, 4]), torch.Size([3, 4])]
+        >>> edges = torch.randn(5, 4)                  # 1 graph, 2 x 2 node pairs, 5 edges
+        >>> g = raggedfn.from_nested_lengths(edges, [[2], [2, 2], [1, 0, 3, 1]], rectangular_dims=(2,))
+        >>> g.layout, raggedfn.sum(g, 3).sizes.tolist()   # summing the edges: a 2 x 2 pair state
+        (Layout('r0 r1 n2 d0'), [[2, 2]])
     """
     fn = "from_nested_lengths"
     if not isinstance(values, Tensor) or values.ndim < 1:
@@ -121,103 +169,10 @@ def from_nested_lengths(values: Tensor, lengths: Sequence[Any]) -> Ragged:
         _index_tensor(fn, f"lengths[{k}]", level, values.device) for k, level in enumerate(lengths)
     ]
     _check_lengths(fn, values, levels)
-    return build_nested(values, levels)
-
-
-def _leaf_depth(fn: str, item: Any, depth: int) -> int | None:
-    """How many list levels lie above the first tensor found in ``item`` (None: none)."""
-    if isinstance(item, Tensor):
-        return depth
-    if isinstance(item, Ragged):
-        return depth + item.num_ragged
-    if isinstance(item, (list, tuple)):
-        for child in item:
-            found = _leaf_depth(fn, child, depth + 1)
-            if found is not None:
-                return found
-        return None
-    raise fail(fn, f"expected tensors or lists of tensors, got {describe(item)}")
-
-
-def _as_lists(item: Any) -> Any:
-    """A ``Ragged`` sample as nested lists of tensors (its own samples)."""
-    if isinstance(item, Ragged):
-        return [_as_lists(item[i]) for i in range(item.batch_size)]
-    return item
-
-
-def from_nested_list(samples: Sequence[Any]) -> Ragged:
-    """``from_list`` of lists (of lists ...) of tensors: nested ragged axes.
-
-    Every sample is a list whose entries are tensors ``[L, *dense]`` (or lists of
-    them, one level deeper; a ``Ragged`` counts as the list of its samples).
-    """
-    fn = "from_list"
-    template = next((s for s in samples if isinstance(s, Ragged)), None)
-    samples = [_as_lists(s) for s in samples]
-    depth = _leaf_depth(fn, samples, 0)
-    if depth is None and template is not None:  # Ragged samples without elements
-        depth = 1 + template.num_ragged
-    if depth is None:
-        raise fail(
-            fn,
-            "tensors holds only empty lists, so the dtype and dense shape are unknown; use "
-            "from_nested_lengths(values, lengths) for a value without elements",
-        )
-    current: list[Any] = list(samples)
-    lengths: list[list[int]] = []
-    for level in range(1, depth):
-        counts: list[int] = []
-        children: list[Any] = []
-        for n, item in enumerate(current):
-            if not isinstance(item, (list, tuple)):
-                where = f"sample {n}" if level == 1 else f"entry {n} at nesting depth {level}"
-                raise fail(
-                    fn,
-                    f"{where} must be a list (of tensors or lists), got {describe(item)}; every "
-                    f"tensor must sit at nesting depth {depth}",
-                )
-            counts.append(len(item))
-            children.extend(item)
-        lengths.append(counts)
-        current = children
-    if not current and template is not None:  # no tensor at all: dtype and shape from it
-        empty = template.values.new_zeros((0, *template.values.shape[1:]))
-        lengths.append([])
-        levels = [torch.tensor(c, dtype=torch.int64, device=empty.device) for c in lengths]
-        return build_nested(empty, levels)
-    tensors: list[Tensor] = []
-    for n, item in enumerate(current):
-        if not isinstance(item, Tensor):
-            where = f"sample {n}" if depth == 1 else f"entry {n} at nesting depth {depth}"
-            raise fail(
-                fn,
-                f"{where} must be a tensor, got {describe(item)} (every tensor must sit at "
-                f"nesting depth {depth}: samples mix tensors and lists)",
-            )
-        tensors.append(item)
-    first = tensors[0]
-    if first.ndim < 1:
-        raise fail(fn, f"the tensors of a nested list need a leading axis, got {describe(first)}")
-    for n, t in enumerate(tensors):
-        if t.ndim != first.ndim or t.shape[1:] != first.shape[1:]:
-            raise fail(
-                fn,
-                f"tensor {n} of the innermost level has shape {shape_text(t.shape)}, expected "
-                f"(L, {shape_text(first.shape[1:])[1:]} like tensor 0 (only the leading axis varies)",
-            )
-        if t.dtype != first.dtype or t.device != first.device:
-            raise fail(
-                fn,
-                f"tensor {n} of the innermost level is {t.dtype} on {t.device}, expected "
-                f"{first.dtype} on {first.device} like tensor 0",
-            )
-    lengths.append([t.shape[0] for t in tensors])
-    values = torch.cat(tensors) if len(tensors) > 1 else tensors[0].clone()
-    device = first.device
-    return build_nested(
-        values, [torch.tensor(c, dtype=torch.int64, device=device) for c in lengths]
-    )
+    layout = mixed_layout(fn, len(levels), values.ndim - 1, rectangular_dims)
+    if rectangular_dims:
+        check_rectangles(fn, layout, build_nested(values, levels))
+    return build_nested(values, levels, layout)
 
 
 def nested_rows(x: Ragged) -> tuple[Tensor, list[Tensor]]:
@@ -257,7 +212,7 @@ def nested_mask(x: Ragged) -> Tensor:
 
 def check_nested(fn: str, x: Ragged) -> None:
     check_structure(fn, x.values, x.offsets, x.sizes, x.layout, x.row_offsets)
-    check_partition(fn, x.values, x.offsets, x.sizes, x.row_offsets)
+    check_partition(fn, x.values, x.offsets, x.sizes, x.row_offsets, x.layout)
 
 
 def from_segment_ids(values: Tensor, segment_ids: Any, num_segments: int) -> Ragged:

@@ -66,11 +66,12 @@ def _checked(code: Any) -> str:
     nested = [a for a in parsed if a.nested]
     if nested:
         chain = [a for a in parsed if a.ragged]
-        if [a.index for a in chain] != ragged or any(a.nested != (a.index > 0) for a in chain):
+        if [a.index for a in chain] != ragged or chain[0].nested:
             raise fail(
                 "Layout",
                 "expected a nested layout to hold one chain of ragged axes r0 n1 n2 ... in "
-                f"logical order (each nested in the one before), got {code!r}",
+                "logical order (each nested in the one before, or r: a rectangle with it), "
+                f"got {code!r}",
             )
     return " ".join(parts)
 
@@ -169,18 +170,20 @@ class Layout:
 
     @staticmethod
     def from_ragged_positions(
-        rank: int, positions: tuple[int, ...], nested: bool = False
+        rank: int, positions: tuple[int, ...], nested: bool | tuple[bool, ...] = False
     ) -> Layout:
         """A layout of ``rank`` sample axes whose ragged ones sit at ``positions``.
 
         Ragged axes are numbered in increasing position, dense axes likewise;
-        ``nested`` makes them one chain (each nested in the one before).
+        ``nested`` makes them one chain (each nested in the one before), or gives
+        per ragged axis whether it is nested (else rectangular with the one before).
         """
         axes: list[Axis] = []
         k = j = 0
         for a in range(rank):
             if a in positions:
-                axes.append(Axis(True, k, nested and k > 0))
+                letter = nested if isinstance(nested, bool) else nested[k]
+                axes.append(Axis(True, k, letter and k > 0))
                 k += 1
             else:
                 axes.append(Axis(False, j))
@@ -198,8 +201,9 @@ class Layout:
 
     @property
     def num_nested(self) -> int:
-        """Number of nested ragged axes (each has one ``row_offsets`` tensor)."""
-        return self.code.count("n")
+        """Number of ``row_offsets`` tensors: in a value with nested ragged axes every
+        ragged axis after the first has one (rectangular ones too); else 0."""
+        return self.num_ragged - 1 if "n" in self.code else 0
 
     @property
     def num_dense(self) -> int:

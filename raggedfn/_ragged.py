@@ -14,6 +14,7 @@ from torch import Tensor
 from ._errors import RaggedError, describe, fail, shape_text
 from ._index import gather_ranges, lengths_of, offsets_of
 from ._layout import Axis, Layout
+from ._mixed import as_rectangular
 from ._nested import level_offsets
 from ._validate import check_partition, check_structure
 
@@ -99,7 +100,7 @@ class Ragged:
             raise fail(fn, f"expected a dict with keys {_FIELDS}, got {describe(state)}")
         values, offsets, sizes, layout, row_offsets = (state[name] for name in _FIELDS)
         check_structure(fn, values, offsets, sizes, layout, row_offsets)
-        check_partition(fn, values, offsets, sizes, row_offsets)
+        check_partition(fn, values, offsets, sizes, row_offsets, layout)
         for name in _FIELDS:
             object.__setattr__(self, name, state[name])
 
@@ -180,15 +181,22 @@ class Ragged:
             )
         layout = self.layout
         if values.ndim != self.values.ndim:
-            standard = Layout.standard(layout.num_ragged, layout.num_dense, layout.num_nested > 0)
-            if layout != standard:
+            num_ragged, nested = layout.num_ragged, layout.num_nested > 0
+            ragged = layout.axes[:num_ragged]
+            if layout != Layout.standard(num_ragged, layout.num_dense, nested) and (
+                [a.index if a.ragged else -1 for a in ragged] != list(range(num_ragged))
+            ):
                 raise fail(
                     "with_values",
                     f"values of shape {shape_text(values.shape)} change the dense axes of a value whose "
                     f"layout {layout.describe(tuple(self.values.shape[1:]))} is not ragged-axes-first; "
                     "permute it to that order first",
                 )
-            layout = Layout.standard(layout.num_ragged, values.ndim - 1, layout.num_nested > 0)
+            standard = Layout.standard(num_ragged, values.ndim - 1, nested)
+            if standard.axes[:num_ragged] == ragged:
+                layout = standard
+            else:  # rectangular ragged axes among nested ones keep their letters
+                layout = Layout(ragged + standard.axes[num_ragged:])
         return Ragged(values, self.offsets, self.sizes, layout, self.row_offsets)
 
     def clone(self) -> Ragged:
@@ -457,9 +465,14 @@ def inner_sample(x: Ragged, index: int | torch.SymInt) -> Ragged:
     row_offsets = tuple(
         p[lo : hi + 1] - p[lo] for p, (lo, hi) in zip(parts[1:], bounds[1:-1], strict=True)
     )
+    # the outermost axis becomes the batch; the axes after it keep their letters
     layout = Layout(
-        tuple(Axis(True, a.index - 1, a.index > 1) if a.ragged else a for a in axes[1:])
+        tuple(
+            Axis(True, a.index - 1, a.index > 1 and a.nested) if a.ragged else a for a in axes[1:]
+        )
     )
+    if layout.num_ragged > 1 and not layout.num_nested:  # one rectangle per element
+        return as_rectangular(x.values[start:stop], offsets, sizes, layout)
     return Ragged(x.values[start:stop], offsets, sizes, layout, row_offsets)
 
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from ._errors import describe, fail, shape_text
 from ._index import lengths_of
 from ._layout import Layout
+from ._mixed import uniform_checks
 
 
 def is_tracing(t: Tensor) -> bool:
@@ -109,16 +110,22 @@ def _check_row_offsets(fn: str, values: Tensor, row_offsets: Any, layout: Layout
 
 
 def check_partition(
-    fn: str, values: Tensor, offsets: Tensor, sizes: Tensor, row_offsets: tuple[Tensor, ...] = ()
+    fn: str,
+    values: Tensor,
+    offsets: Tensor,
+    sizes: Tensor,
+    row_offsets: tuple[Tensor, ...] = (),
+    layout: Layout | None = None,
 ) -> None:
     """Value checks on a partition (host sync eagerly; graph assertions while tracing).
 
     Call :func:`check_structure` first: this assumes the shapes and dtypes hold.
+    ``layout`` (of a nested value): its rectangular ragged axes are checked too.
     """
     total = values.shape[0]
     steps = lengths_of(offsets)
     if row_offsets:
-        _check_nested(fn, total, offsets, sizes, row_offsets)
+        _check_nested(fn, total, offsets, sizes, row_offsets, layout)
         return
     if is_tracing(offsets) or is_tracing(sizes):
         _assert_partition(fn, total, offsets, steps, sizes)
@@ -165,7 +172,12 @@ def _assert_partition(fn: str, total: Any, offsets: Tensor, steps: Tensor, sizes
 
 
 def _check_nested(
-    fn: str, total: Any, offsets: Tensor, sizes: Tensor, row_offsets: tuple[Tensor, ...]
+    fn: str,
+    total: Any,
+    offsets: Tensor,
+    sizes: Tensor,
+    row_offsets: tuple[Tensor, ...],
+    layout: Layout | None,
 ) -> None:
     """A chain of nested partitions: each level's offsets run from 0 to the number of
     elements of the next level, and the per-sample counts (``sizes``) and ``offsets``
@@ -209,3 +221,11 @@ def _check_nested(
                 f"{message}, got offsets {offsets.tolist()[:8]}, sizes "
                 f"{sizes.tolist()[:8]}, row_offsets {[p.tolist()[:8] for p in row_offsets]}",
             )
+    if layout is None:
+        return
+    # after the partition checks: the parents read here are then in range
+    for ok, message in uniform_checks(sizes, row_offsets, total, layout):
+        if tracing:
+            torch._assert_async(ok, f"{fn}: {message}")
+        elif not bool(ok):
+            raise fail(fn, message)

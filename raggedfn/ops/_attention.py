@@ -59,7 +59,7 @@ def _check_tokens(fn: str, name: str, x: object, num_ragged: int | None = None) 
 
 def _nested_cuda(q: Ragged, k: Ragged, v: Ragged, causal: bool, scale: float | None) -> Ragged:
     """CUDA only: torch's jagged SDPA (varlen kernels) on views of the packed values."""
-    from .._construct import to_nested
+    from .._construct_interop import to_nested
 
     query, key, value = [to_nested(t).transpose(1, 2) for t in (q, k, v)]
     out = F.scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scale)

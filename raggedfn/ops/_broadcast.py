@@ -27,6 +27,7 @@ from torch import Tensor
 from .._errors import describe, fail, shape_text
 from .._index import coordinates, offsets_of, segment_ids
 from .._layout import Layout
+from .._mixed import group_start
 from .._nested import ancestors, level_offsets, parents
 from .._prims import take_rows
 from .._ragged import Ragged
@@ -68,7 +69,16 @@ def _nested_prefix_rows(fn: str, op: Ragged, base: Ragged, index: int) -> Tensor
             f"nested operand's levels are at {[p + 1 for p in chain]}; a Ragged operand must "
             "hold the outermost levels of the nested one (size 1 along the inner levels)",
         )
-    check_equal(fn, "sizes", op.sizes, base.sizes[:, :levels])
+    if levels > 1 and not op.row_offsets:  # a rectangle: base's first axes must be one
+        if group_start(base.layout, levels - 1) != 0:
+            raise fail(
+                fn,
+                f"operand {index} has rectangular ragged axes but the nested operand's "
+                f"first {levels} ragged axes are not one rectangle (layout {base.layout.code!r})",
+            )
+        check_equal(fn, "sizes", torch.cumprod(op.sizes, 1), base.sizes[:, :levels])
+    else:
+        check_equal(fn, "sizes", op.sizes, base.sizes[:, :levels])
     for k, parts in enumerate(op.row_offsets):
         check_equal(fn, f"row_offsets[{k}]", parts, base.row_offsets[k])
     level = level_offsets(base.sizes, base.row_offsets)[levels - 1]

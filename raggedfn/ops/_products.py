@@ -211,7 +211,8 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
         assert isinstance(x, Ragged)
         if out_symbols == symbols_of[n]:
             if x.row_offsets:  # the nested levels ride along too
-                out_layout = Layout.from_ragged_positions(len(rhs) - 1, out_positions, True)
+                letters = tuple(a.nested for a in x.layout.axes if a.ragged)
+                out_layout = Layout.from_ragged_positions(len(rhs) - 1, out_positions, letters)
             return _packed(equation, operands, inputs, rhs, n, out_layout)
     for op in operands:
         if isinstance(op, Ragged):

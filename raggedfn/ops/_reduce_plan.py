@@ -19,6 +19,7 @@ from .._axes import normalize_axes
 from .._errors import describe, fail
 from .._index import reduced_rows
 from .._layout import Axis, Layout
+from .._mixed import as_rectangular
 from .._nested import partition_from_lengths, reduced_levels
 from .._prims import segment_counts
 from .._ragged import Ragged, like
@@ -154,6 +155,8 @@ def finish(x: Ragged, p: Plan, values: Tensor, keepdim: bool) -> Ragged | Tensor
     if p.offsets is None:
         return Ragged(values, x.offsets, x.sizes, shape.layout, x.row_offsets)
     assert p.sizes is not None
+    if p.row_offsets and not shape.layout.num_nested:  # the rectangles above the reduced axes
+        return as_rectangular(values, p.offsets, p.sizes, shape.layout)
     return Ragged(values, p.offsets, p.sizes, shape.layout, p.row_offsets)
 
 
@@ -191,12 +194,17 @@ def _compute_shape(layout: Layout, reduced_axes: tuple[int, ...], keepdim: bool)
     next_ragged = 0
     added = 0
     nested = layout.num_nested > 0
+    letters = [part[0] for part in layout.code.split()]  # strings stay constants under compile
+    first_reduced = min(reduced_ragged, default=len(sample))
     for position, (ragged, index) in enumerate(sample):
         removed = position + 1 in reduced_axes
         if ragged and not removed:
             # Kept ragged axes keep their storage (k) order (a nested chain stays one).
             new = index - sum(1 for k in reduced_ragged if k < index)
-            axes.append(Axis(True, new, nested and new > 0))
+            # above every reduced axis the partition is unchanged, and so are the
+            # rectangles; below one the elements are aligned: nested
+            letter = letters[position] == "n" if index < first_reduced else True
+            axes.append(Axis(True, new, nested and new > 0 and letter))
             next_ragged += 1
         elif ragged and keepdim:
             axes.append(Axis(False, num_dense + added))
