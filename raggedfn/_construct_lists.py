@@ -48,6 +48,15 @@ def _check_sides(fn: str, where: str, sides: Sequence[int]) -> None:
             )
 
 
+def _same_dtype_and_device(fn: str, what: str, n: int, t: Tensor, first: Tensor) -> None:
+    if t.dtype != first.dtype or t.device != first.device:
+        raise fail(
+            fn,
+            f"{what} {n} is {t.dtype} on {t.device}, expected {first.dtype} on "
+            f"{first.device} like {what} 0",
+        )
+
+
 def stack_samples(fn: str, samples: Sequence[Ragged]) -> Ragged:
     """``B`` ``Ragged`` samples as one value with one nesting level more: the samples'
     batch axis becomes a ragged axis nested in the new batch axis."""
@@ -60,12 +69,7 @@ def stack_samples(fn: str, samples: Sequence[Ragged]) -> Ragged:
                 f"{s.layout.code!r}, expected {shape_text(first.shape)} and "
                 f"{first.layout.code!r} like sample 0",
             )
-        if s.dtype != first.dtype or s.device != first.device:
-            raise fail(
-                fn,
-                f"Ragged sample {n} is {s.dtype} on {s.device}, expected {first.dtype} on "
-                f"{first.device} like sample 0",
-            )
+        _same_dtype_and_device(fn, "Ragged sample", n, s.values, first.values)
     if first.num_ragged > 1 and not first.row_offsets:
         for n, s in enumerate(samples):
             counts = s.sizes.prod(dim=1)
@@ -210,12 +214,7 @@ def from_nested_list(
                 f"the sizes of tensor 0 ({shape_text(first.shape)}) along its axes "
                 f"{[a + depth for a in dense]}, which are not ragged",
             )
-        if t.dtype != first.dtype or t.device != first.device:
-            raise fail(
-                fn,
-                f"tensor {n} of the innermost level is {t.dtype} on {t.device}, expected "
-                f"{first.dtype} on {first.device} like tensor 0",
-            )
+        _same_dtype_and_device(fn, "tensor", n, t, first)
     order = (*ragged, *dense)  # storage: the tensors' ragged axes first, row-major
     sides = [[t.shape[a] for a in ragged] for t in tensors]
     for n, rect in enumerate(sides):

@@ -84,7 +84,7 @@ def check_structure(
 
 
 def _check_row_offsets(fn: str, values: Tensor, row_offsets: Any, layout: Layout) -> None:
-    """A nested layout has one int64 ``[N + 1]`` partition per nested axis."""
+    """A nested layout has one int64 ``[N + 1]`` partition per ragged axis after the first."""
     if not isinstance(row_offsets, tuple):
         raise fail(
             fn, f"expected row_offsets to be a tuple of tensors, got {describe(row_offsets)}"
@@ -92,8 +92,8 @@ def _check_row_offsets(fn: str, values: Tensor, row_offsets: Any, layout: Layout
     if len(row_offsets) != layout.num_nested:
         raise fail(
             fn,
-            f"expected {layout.num_nested} row_offsets tensors (one per nested axis of the layout "
-            f"{layout.code!r}), got {len(row_offsets)}",
+            f"expected {layout.num_nested} row_offsets tensors (one per ragged axis after the "
+            f"first of a nested layout, here {layout.code!r}), got {len(row_offsets)}",
         )
     for k, parts in enumerate(row_offsets):
         if not isinstance(parts, Tensor) or parts.ndim != 1 or parts.dtype != torch.int64:

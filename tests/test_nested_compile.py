@@ -91,3 +91,49 @@ def test_moe_layer_compiles_to_one_graph() -> None:
         x = moe_tokens(seed, count).detach()
         _assert_grads(compiled(x), moe(x, p).pow(2).sum(), p)
     assert graphs() == (1, 0)
+
+
+# ----- nested and rectangular axes in one value ------------------------------------------
+
+
+def pair_documents(seed: int, shape: list[list[int]]) -> raggedfn.Ragged:
+    """Documents of sentences, each with an ``L x L x 4`` pair state: ``r0 n1 r2 d0``."""
+    gen = torch.Generator().manual_seed(seed)
+    docs = [[torch.randn(n, n, 4, generator=gen) for n in doc] for doc in shape]
+    return raggedfn.from_list(docs, ragged_dims=(1, 2, 3))
+
+
+def edge_grids(seed: int, nodes: list[int]) -> raggedfn.Ragged:
+    """Per graph an ``N x N`` grid of node pairs, each with its edges: ``r0 r1 n2 d0``."""
+    gen = torch.Generator().manual_seed(seed)
+    per_pair = [int(c) for n in nodes for c in torch.randint(0, 4, (n * n,), generator=gen)]
+    per_node = [n for n in nodes for _ in range(n)]
+    values = torch.randn(sum(per_pair), 4, generator=gen)
+    return raggedfn.from_nested_lengths(values, [nodes, per_node, per_pair], rectangular_dims=(2,))
+
+
+def pair_pooling(x: raggedfn.Ragged, w: torch.Tensor) -> torch.Tensor:
+    """Attention along the last ragged axis, then sums down to a scalar."""
+    weighted = x * w
+    pooled = raggedfn.sum(raggedfn.softmax(weighted, 3) * weighted, 3)
+    return (
+        raggedfn.sum(pooled, 2).values.pow(2).sum()
+        if pooled.is_nested
+        else pooled.values.pow(2).sum()
+    )
+
+
+def test_mixed_values_compile_to_one_graph() -> None:
+    """Lists of rectangles and rectangles of lists: one graph each, new structures reuse it
+    (the sum over a grid's edge lists gives an ordinary pair state inside the graph)."""
+    for make, shapes in (
+        (pair_documents, DOCS),
+        (edge_grids, ([3, 4, 2, 5, 6], [2, 3], [4, 0, 3, 2], [5, 2, 3])),
+    ):
+        fresh()
+        w = torch.randn(4, requires_grad=True)
+        compiled = torch.compile(pair_pooling, fullgraph=True, dynamic=True)
+        for seed, shape in enumerate(shapes):
+            x = make(seed, shape)
+            _assert_grads(compiled(x, w), pair_pooling(x, w), {"w": w})
+        assert graphs() == (1, 0)
