@@ -152,7 +152,21 @@ def test_ragged_true_stacks_scalars() -> None:
         ([(torch.ones(2),), (torch.ones(2), 1)], {}, "batch of sample 1 has 2 entries"),
         ([{"x": torch.tensor(1.0)}], {"ragged": {"x"}}, "0-d tensor, which has no axis"),
         ([object()], {}, "samples may hold tensors"),
-        ([raggedfn.from_list([torch.ones(2)])], {}, "is a Ragged"),
+        (
+            [raggedfn.from_list([torch.ones(2)]), torch.ones(2)],
+            {},
+            "batch of sample 1 is a torch.float32",
+        ),
+        (
+            [{"x": raggedfn.from_list([torch.ones(2)])}],
+            {"ragged": {"x": (2,)}},
+            r"batch\['x'\] holds Ragged samples, which keep their own ragged axes",
+        ),
+        (
+            [raggedfn.from_list([torch.ones(2)]), raggedfn.from_list([torch.ones(2, 3)])],
+            {},
+            r"batch: from_list: Ragged sample 1 has logical shape",
+        ),
     ],
 )
 def test_bad_batches(batch, kwargs, message) -> None:
@@ -191,3 +205,72 @@ def test_dataloader_with_two_workers(context) -> None:
     assert len(batches) == len(sampler) > 2
     for batch, indices in zip(batches, sampler, strict=True):
         assert_batch(batch, [dataset[i] for i in indices])
+
+
+# ----- Ragged samples: one nesting level deeper -----------------------------------------------
+
+
+def document_sample(i: int) -> dict:
+    """A document: its sentences ``(S, L*, 4)`` and their pair states ``(S, L*, L*)``."""
+    gen = torch.Generator().manual_seed(100 + i)
+    lengths = [int(n) for n in torch.randint(0, 4, (i % 4,), generator=gen)]
+    sentences = [torch.randn(n, 4, generator=gen) for n in lengths]
+    pairs = [torch.randn(n, n, generator=gen) for n in lengths]
+    return {
+        "sentences": raggedfn.from_list(sentences) if sentences else _no_sentences(4),
+        "pairs": raggedfn.from_list(pairs, ragged_dims=(1, 2)) if pairs else _no_pairs(),
+        "label": i % 2,
+    }
+
+
+def _no_sentences(width: int) -> raggedfn.Ragged:
+    return raggedfn.from_lengths(torch.zeros(0, width), torch.zeros(0, dtype=torch.int64))
+
+
+def _no_pairs() -> raggedfn.Ragged:
+    return raggedfn.from_sizes(torch.zeros(0), torch.zeros(0, 2, dtype=torch.int64))
+
+
+def assert_documents(batch: dict, items: list[dict]) -> None:
+    """Sample ``i`` of each nested leaf is item ``i``'s Ragged value, checked by hand."""
+    for key, letters in (("sentences", "r0 n1 d0"), ("pairs", "r0 n1 r2")):
+        x = batch[key]
+        assert isinstance(x, raggedfn.Ragged) and x.layout.code == letters
+        raggedfn.check(x)
+        assert x.batch_size == len(items)
+        for i, item in enumerate(items):
+            want, got = item[key], x[i]
+            assert got.layout == want.layout and got.batch_size == want.batch_size
+            assert torch.equal(got.sizes, want.sizes) and torch.equal(got.offsets, want.offsets)
+            assert torch.equal(got.values, want.values)
+    assert torch.equal(batch["label"], torch.tensor([s["label"] for s in items]))
+
+
+@pytest.mark.parametrize("ragged", [None, True, False, {"sentences", "pairs"}])
+def test_ragged_samples_nest_one_level_deeper(ragged) -> None:
+    items = [document_sample(i) for i in range(5)]  # 0 to 3 sentences, empty ones too
+    assert_documents(collate(items, ragged=ragged), items)
+    one = collate(items[1:2])  # B = 1 nests too: Ragged samples are never stacked
+    assert one["sentences"].batch_size == 1 and one["sentences"].is_nested
+
+
+class DocumentDataset(torch.utils.data.Dataset):
+    """Module level, so that spawned workers can unpickle it."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int) -> dict:
+        return document_sample(i)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_of_ragged_samples_with_two_workers(context) -> None:
+    dataset = DocumentDataset()
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=3, collate_fn=collate, num_workers=2, multiprocessing_context=context
+    )
+    batches = list(loader)
+    assert len(batches) == 4
+    for n, batch in enumerate(batches):
+        assert_documents(batch, [dataset[i] for i in range(3 * n, min(3 * n + 3, 10))])

@@ -37,7 +37,13 @@ def collate(
     * a stacked tensor ``[B, ...]`` where every shape is equal;
     * a tensor ``[B]`` for Python numbers (int64, float64 or bool, as
       ``torch.utils.data.default_collate``) and numpy scalars; numpy arrays
-      are treated as tensors; strings stay a list.
+      are treated as tensors; strings stay a list;
+    * a ``Ragged`` one nesting level deeper where the samples are ``Ragged``
+      values (``raggedfn.from_list`` of them): a document of ``(S, L*, D)``
+      sentences per sample gives ``(B, S*, L*, D)``, its ``(S, L*, L*)`` pair
+      states give ``(B, S*, L*, L*)``. This holds for every ``ragged=`` (such
+      samples cannot be stacked), except that ``ragged_dims`` other than
+      ``(1,)`` for them raise.
 
     With ``ragged=None`` the choice is made from the batch itself, so a batch
     whose samples happen to have equal lengths (always so with ``B = 1``)
@@ -67,6 +73,10 @@ def collate(
         ((2, None, 4), [2, 3], tensor([0, 1]))
         >>> raggedfn.data.collate([torch.ones(3)], ragged=True).lengths.tolist()
         [3]
+        >>> docs = [raggedfn.from_lengths(torch.ones(n, 4), [n - 1, 1]) for n in (3, 5)]
+        >>> batch = raggedfn.data.collate(docs)          # one level deeper: (B, S*, L*, 4)
+        >>> batch.shape, batch.sizes.tolist()
+        ((2, None, None, 4), [[2, 3], [2, 5]])
     """
     if isinstance(batch, (Tensor, Ragged, str, bytes)) or not isinstance(batch, Sequence):
         raise fail(_FN, f"batch must be a list of samples, got {describe(batch)}")
@@ -121,11 +131,7 @@ def _keys(keys: Any) -> str:
 def _collate(samples: list[Any], path: str, rule: _Rule) -> Any:
     first = samples[0]
     if isinstance(first, Ragged):
-        raise fail(
-            _FN,
-            f"{path} of sample 0 is a Ragged; batches of ragged samples (nested ragged "
-            "axes) are not supported",
-        )
+        return _collate_ragged(samples, path, rule)
     if isinstance(first, np.ndarray) and first.dtype.kind in "biufc":
         samples = [torch.as_tensor(s) if isinstance(s, np.ndarray) else s for s in samples]
         first = samples[0]
@@ -240,6 +246,22 @@ def _collate_tensors(samples: list[Any], path: str, rule: _Rule) -> Any:
     assert isinstance(rule, tuple)
     try:
         return from_list(samples, ragged_dims=rule)
+    except ValueError as error:
+        raise fail(_FN, f"{path}: {error}") from error
+
+
+def _collate_ragged(samples: list[Any], path: str, rule: _Rule) -> Ragged:
+    """``Ragged`` samples: one value with one nesting level more (their batch axis
+    becomes a ragged axis nested in the new batch axis); they cannot be stacked."""
+    _same_type(samples, path, Ragged)
+    if isinstance(rule, tuple) and rule != (1,):
+        raise fail(
+            _FN,
+            f"{path} holds Ragged samples, which keep their own ragged axes; ragged= gives "
+            f"them ragged_dims {rule}, which only tensor leaves take",
+        )
+    try:
+        return from_list(samples)
     except ValueError as error:
         raise fail(_FN, f"{path}: {error}") from error
 
