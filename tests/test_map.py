@@ -235,9 +235,14 @@ def branch_then_index(t):
 
 def test_samples_no_trace_fits_run_per_sample_or_strict_refuses():
     x = tokens((5, 0, 4))  # the empty sample fits neither branch's trace (t[0] of nothing)
-    with pytest.warns(RaggedPerformanceWarning, match="some samples run per sample"):
+    with warnings.catch_warnings():
+        # a sample without elements runs per sample without a performance warning (it
+        # costs nothing), and raises as the loop does
+        warnings.simplefilter("error", RaggedPerformanceWarning)
         with pytest.raises(RaggedError, match="for sample 1"):
             raggedfn.map(branch_then_index, x)
+    with pytest.warns(RaggedPerformanceWarning, match="some samples run per sample"):
+        raggedfn.map(lambda t: t[len(t) // 2], tokens((5, 2, 4, 3, 6, 7)))
     # strict=True: an empty sample may run per sample (it costs nothing), and raises
     # as the loop does; a non-empty sample no plan fits is refused
     with pytest.raises(RaggedError, match="for sample 1"):

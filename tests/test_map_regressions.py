@@ -162,6 +162,114 @@ def test_19_per_sample_sizes_restack_to_a_tensor_whatever_their_values(f, length
     assert isinstance(got, torch.Tensor) and got.dtype == torch.int64
 
 
+# ----- issue 19: the 20,000-program run of this session -----------------------------------
+
+
+def _reshape_then_branch_on_one(t):
+    # matmul's reshape decides Ne(n, 1) as layout bookkeeping; it must not decide f's
+    # own branch on n == 1 (it stayed a ShapeEnv fact: a silent wrong branch)
+    y = t.transpose(0, 1).reshape(-1, 2) @ torch.ones(2, 2, dtype=t.dtype)
+    return y.sum() + 1 if t.shape[0] == 1 else y.sum() - 1
+
+
+def _slice_log_softmax_then_branch_on_numel(t):
+    # contiguous() inside log_softmax decided Eq(numel, 0) at the trace's example size
+    h = F.log_softmax(t[-1:3:2], -1)
+    return h.cumsum(0) if h.numel() > 0 else h + 1
+
+
+def _attention_then_branch_on_emptiness(t):
+    h = F.scaled_dot_product_attention(t[None], t[None], t[None])[0]
+    return h.sum() + 1 if h.shape[0] == 0 else h.sum() - 1
+
+
+@pytest.mark.parametrize(
+    ("f", "lengths"),
+    [
+        pytest.param(_reshape_then_branch_on_one, [1, 4], id="layout-guard-n-1"),
+        pytest.param(_slice_log_softmax_then_branch_on_numel, [1, 2, 5], id="layout-numel"),
+        pytest.param(_attention_then_branch_on_emptiness, [0, 3], id="attention-empty"),
+    ],
+)
+def test_19_layout_decisions_never_decide_a_branch_of_f(f, lengths):
+    _same_as_loop(f, lengths)
+
+
+def _shape_of_a_pair_sample(lengths):
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randn(n, n, 2, generator=gen, dtype=torch.float64) for n in lengths]
+
+
+def test_19_layout_numel_on_a_pair_sample():
+    samples = _shape_of_a_pair_sample([1, 1])
+    x = raggedfn.from_list(samples, ragged_dims=(1, 2))
+    got = _quiet(_slice_log_softmax_then_branch_on_numel, x)
+    assert_restacked(got, [_slice_log_softmax_then_branch_on_numel(s.clone()) for s in samples])
+
+
+def _first_row_after_a_branch(t):
+    h = t * 2 + 1 if t.shape[0] > 3 else t - 1
+    return h[:1]
+
+
+def _first_rows_up_to_three(t):
+    return t.narrow(0, 0, min(3, t.shape[0]))
+
+
+@pytest.mark.parametrize(
+    ("f", "batches", "ragged"),
+    [
+        # one row whatever n >= 1: the same type for every batch, whichever plans run
+        pytest.param(_first_row_after_a_branch, ([7, 3], [7, 7], [2, 3]), True, id="first-row"),
+        # min(3, n) rows: fixed for n >= 3 only, so the type is ragged for every batch
+        pytest.param(_first_rows_up_to_three, ([5, 6], [0, 3], [1, 2]), True, id="min-3"),
+    ],
+)
+def test_19_output_type_is_decided_by_f_not_by_the_batch(f, batches, ragged):
+    for lengths in batches:
+        got = _same_as_loop(f, lengths)
+        assert isinstance(got, raggedfn.Ragged) == ragged, (lengths, type(got))
+
+
+def _narrow_of_a_selection(t):
+    return t[t[:, 0] > 0].narrow(0, 1, 0)
+
+
+def test_19_a_check_on_a_data_dependent_size_is_made_per_call():
+    """torch checks ``1 <= count`` for the narrow while tracing; it used to crash with
+    KeyError 'u0' (a guard on a size that exists only once the mask has run)."""
+    samples = [torch.tensor([[1.0, 0.0], [2.0, 0.0]], dtype=torch.float64)] * 2
+    x = raggedfn.from_list(samples)
+    got = _quiet(_narrow_of_a_selection, x)
+    assert_restacked(got, [_narrow_of_a_selection(s.clone()) for s in samples])
+    # a sample with nothing selected: the loop's IndexError, for that sample
+    bad = raggedfn.from_list([samples[0], -samples[0]])
+    with pytest.raises(RaggedError, match=r"sample 1.*start out of range"):
+        _quiet(_narrow_of_a_selection, bad)
+
+
+def _add_into_the_argument(t):
+    t.add_(0.5)
+    return t * 2, t.sum(-1)
+
+
+def test_19_an_empty_batch_of_a_complete_trace_has_its_structure():
+    x = raggedfn.from_lengths(
+        torch.empty(0, 2, dtype=torch.float64), torch.zeros(0, dtype=torch.int64)
+    )
+    out, total = _quiet(_add_into_the_argument, x)
+    assert isinstance(out, raggedfn.Ragged) and isinstance(total, raggedfn.Ragged)
+    assert out.batch_size == 0 and out.values.shape == (0, 2) and total.values.shape == (0,)
+
+
+def test_19_strict_runs_empty_samples_per_sample_without_a_warning():
+    x = raggedfn.from_list(_samples([0, 3]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = raggedfn.map(_attention_then_branch_on_emptiness, x, strict=True)
+    assert_restacked(got, [_attention_then_branch_on_emptiness(s) for s in _samples([0, 3])])
+
+
 # ----- issue 12.1: stale traces -----------------------------------------------------------
 
 

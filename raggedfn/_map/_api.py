@@ -18,10 +18,10 @@ from ._cache import CacheInfo, Variant
 from ._compiled import compiled_map
 from ._deps import walk
 from ._fallback import function_loop, output_specs
-from ._interpret import Recorder, guard_mask, make_ctx, run
+from ._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx, run
 from ._report import MapReport
 from ._sizes import Unsupported
-from ._split import merge, ragged_positions_of, take
+from ._split import empty_result, merge, ragged_positions_of, take
 from ._trace import (
     _HINTS,
     _LOCK,
@@ -147,44 +147,84 @@ def _new_variant(
     variant = Variant(static, deps)
     hints = tuple(_HINTS[c % len(_HINTS)] for c in range(len(classes)))
     plan = _trace_plan(f, leaves, kinds, treespec, classes, hints, deps)
-    variant.structure = _structure(
-        plan, hints, lambda h: _trace_plan(f, leaves, kinds, treespec, classes, h, deps)
+    probe_hints = _probe_hints(len(classes))
+    needed = not (isinstance(plan, Plan) and _holds_at(plan, classes, probe_hints))
+    variant.structure, probe = _structure(
+        plan,
+        (lambda: _trace_plan(f, leaves, kinds, treespec, classes, probe_hints, deps))
+        if needed
+        else None,
     )
     if isinstance(plan, Failure):
         variant.failure = plan.reason
+        if plan.specs is not None and plan.out_spec is not None:
+            variant.empty = (plan.specs, plan.out_spec)
         return variant, lifted, True
     variant.plans.append(plan)
+    if isinstance(probe, Plan) and not probe.unknown:
+        variant.plans.append(probe)  # a plan for small samples, traced anyway
     return variant, lifted, not plan.unknown
+
+
+# example sizes of the probe trace: small (below the thresholds of most branches on
+# sizes, ``t[:min(3, n)]``), distinct per size class, and never 0 or 1 (torch's own
+# special cases)
+def _probe_hints(count: int) -> tuple[int, ...]:
+    return tuple(2 + c for c in range(count))
+
+
+def _holds_at(plan: Plan, classes: tuple[int, ...], hints: tuple[int, ...]) -> bool:
+    """Whether every guard of ``plan`` holds with these example sizes per size class
+    (then a trace on them takes the same branches, and adds nothing), never for a
+    pinned trace."""
+    if plan.pinned:
+        return False
+    env: dict[str, Any] = {}
+    axis = 0
+    for kind in plan.leaf_kinds:
+        for name in kind.symbols:
+            env[name] = hints[classes[axis]]
+            axis += 1
+    try:
+        return all(bool(evaluate(env)) for _, evaluate in plan.guards)
+    except Exception:  # a size this env lacks: trace to find out
+        return False
 
 
 def _structure(
     plan: Plan | Failure,
-    hints: tuple[int, ...],
-    retrace: Callable[[tuple[int, ...]], Plan | Failure],
-) -> list[tuple[int, ...]] | None:
-    """The ragged axes of each output, as f's first trace gives them (None when the trace
-    stopped before its end). A trace in which a guard fixed a ragged size (``len(t)``,
-    ``float(n)``) has fixed output sizes that may follow the input's: a second trace on
-    other sizes tells them apart (axes whose sizes differ are ragged)."""
-    specs, pinned = _specs(plan)
+    probe: Callable[[], Plan | Failure] | None,
+) -> tuple[list[tuple[int, ...]] | None, Plan | Failure | None]:
+    """The ragged axes of each output, as f gives them (None when the trace stopped
+    before its end), and the probe trace when one ran.
+
+    The first trace's example sizes are large. Where a guard fixed a ragged size
+    (``len(t)``, ``float(n)``) or f branches on sizes (``t[:min(3, n)]`` has 3 rows
+    for every n >= 3), its fixed output sizes may still follow the input's: a probe
+    trace on small sizes tells them apart (axes ragged there, or of other sizes,
+    are ragged). The structure depends on f only, never on a batch."""
+    specs, pinned, guarded = _specs(plan)
     if specs is None:
-        return None
+        return None, None
     positions = [set(ragged_positions_of(s)) for s in specs]
-    if pinned:
-        other = retrace(tuple(h + 2 for h in hints))
-        more, _ = _specs(other)
-        if more is None or len(more) != len(specs):
-            return None
-        for p, a, b in zip(positions, specs, more, strict=True):
-            if isinstance(a, TSpec) and isinstance(b, TSpec) and len(a.shape) == len(b.shape):
-                p.update(q for q, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y)
-    return [tuple(sorted(p)) for p in positions]
+    if probe is None or not (pinned or guarded):
+        return [tuple(sorted(p)) for p in positions], None
+    other = probe()
+    more, _, _ = _specs(other)
+    if more is None or len(more) != len(specs):
+        # the probe stopped early: a pinned trace cannot tell; else keep the first's
+        return (None if pinned else [tuple(sorted(p)) for p in positions]), other
+    for p, a, b in zip(positions, specs, more, strict=True):
+        if isinstance(a, TSpec) and isinstance(b, TSpec) and len(a.shape) == len(b.shape):
+            p.update(ragged_positions_of(b))
+            p.update(q for q, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y)
+    return [tuple(sorted(p)) for p in positions], other
 
 
-def _specs(plan: Plan | Failure) -> tuple[list[Any] | None, bool]:
+def _specs(plan: Plan | Failure) -> tuple[list[Any] | None, bool, bool]:
     if isinstance(plan, Plan):
-        return output_specs(plan), plan.pinned
-    return plan.specs, plan.pinned
+        return output_specs(plan), plan.pinned, bool(plan.guards)
+    return plan.specs, plan.pinned, plan.guarded
 
 
 def _trace_plan(
@@ -205,7 +245,13 @@ def _trace_plan(
     except Exception as error:  # data-dependent control flow, unsupported graph, ...
         first = str(error).splitlines()[0] if str(error) else ""
         reason = f"tracing failed: {type(error).__name__}: {first}"[:500]
-        return Failure(reason, getattr(error, "specs", None), getattr(error, "pinned", False))
+        return Failure(
+            reason,
+            getattr(error, "specs", None),
+            getattr(error, "pinned", False),
+            getattr(error, "guarded", False),
+            getattr(error, "out_spec", None),
+        )
 
 
 @dataclasses.dataclass
@@ -216,6 +262,8 @@ class Failure:
     reason: str
     specs: list[Any] | None
     pinned: bool = False
+    guarded: bool = False
+    out_spec: Any = None
 
 
 def _lookup(
@@ -289,6 +337,10 @@ def _map(
     if report is not None:
         report.traces = entry.traces
         report.structure = variant.structure
+    if variant.failure is not None and batch_size == 0 and variant.empty is not None:
+        empty = empty_result(*variant.empty, variant.structure, _device_of(leaves, kinds))
+        if empty is not None:
+            return empty
     if variant.failure is not None:
         if strict:
             raise fail(
@@ -309,11 +361,7 @@ def _map(
             variant.structure,
         )
     _check_randomness(variant.plans, randomness)
-    device = next(
-        leaf.values.device if isinstance(leaf, Ragged) else leaf.device
-        for leaf, k in zip(leaves, kinds, strict=True)
-        if k in ("ragged", "dense")
-    )
+    device = _device_of(leaves, kinds)
     plan = variant.plans[0]
     if report is not None:
         report.trace_seconds = sum(p.trace_seconds for p in variant.plans)
@@ -321,28 +369,40 @@ def _map(
     ctx, inputs = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
     recorder = Recorder() if report is not None else None
     ok = guard_mask(plan, ctx)
-    if ok is None:  # every sample meets the guards: the common case, no split
-        out = run(plan, ctx, inputs, strict, recorder)
-        if plan.pinned:  # fixed sizes of a pinned trace become ragged where f's are
-            out = _restructure(out, variant, batch_size, device)
+    try:
+        if ok is None:  # every sample meets the guards: the common case, no split
+            out = run(plan, ctx, inputs, strict, recorder)
+            if plan.pinned or plan.guards:
+                # fixed sizes of a trace under guards become ragged where f's are
+                out = _restructure(out, variant, batch_size, device)
+        else:
+            out = _split(
+                f,
+                args,
+                dims,
+                leaves,
+                kinds,
+                treespec,
+                batch_size,
+                device,
+                variant,
+                lifted,
+                classes,
+                ok,
+                strict,
+                randomness,
+                recorder,
+                report,
+            )
+    except LateGuardFailed as error:
+        late: str | None = str(error)
     else:
-        out = _split(
-            f,
-            args,
-            dims,
-            leaves,
-            kinds,
-            treespec,
-            batch_size,
-            device,
-            variant,
-            lifted,
-            classes,
-            ok,
-            strict,
-            randomness,
-            recorder,
-            report,
+        late = None
+    if late is not None:
+        # torch checked a data-dependent size while tracing (a narrow of a nonzero
+        # count) and some sample breaks it: the loop gives that sample torch's answer
+        return _whole_loop(
+            f, args, dims, batch_size, variant, late, strict, randomness, report, variant.structure
         )
     if report is not None and recorder is not None:
         report.batched = dict(recorder.batched)
@@ -362,12 +422,14 @@ def _whole_loop(
     randomness: str,
     report: MapReport | None,
     structure: list[tuple[int, ...]] | None,
+    warn: bool = True,
 ) -> Any:
     if strict:
         raise fail("map", f"{reason}; strict=True refuses the per-sample loop")
     if report is not None:
         report.whole_loop = reason
-    _warn(variant, f"f runs as a per-sample loop ({reason})")
+    if warn:
+        _warn(variant, f"f runs as a per-sample loop ({reason})")
     return function_loop(f, args, dims, batch_size, structure, randomness)
 
 
@@ -413,12 +475,22 @@ def _split(
             continue
         if len(variant.plans) >= _cache.MAX_PLANS or variant.exhausted is not None:
             break
-        # trace again with the sizes of the first sample no plan fits
-        sample = int(remaining.nonzero()[0])
+        # trace again with the sizes of the first sample no plan fits (one with
+        # elements first: torch's stride logic can fail on an all-zero example)
+        empty = _empty_samples(leaves, kinds, batch_size, device)
+        waiting = remaining & ~empty
+        if not bool(waiting.any()):
+            if variant.no_empty_plan:
+                break
+            waiting = remaining
+        sample = int(waiting.nonzero()[0])
         hints = _class_hints(_columns(leaves, kinds), classes, sample)
         with _LOCK:
             new = _trace_plan(f, leaves, kinds, treespec, classes, hints, variant.deps)
         if isinstance(new, Failure) or new.unknown:
+            if bool(empty[sample]):
+                variant.no_empty_plan = True  # empty samples run per sample (cheap)
+                break
             variant.exhausted = (
                 new.reason if isinstance(new, Failure) else "unfollowed captured tensors"
             )
@@ -432,7 +504,8 @@ def _split(
         reason = "; ".join(sorted(set(failed_guards))) or "no trace fits these sizes"
         reason = f"guard {reason} fails for {loop_index.numel()} sample(s)"
         empty = _empty_samples(leaves, kinds, batch_size, device)
-        if strict and not bool(empty[loop_index].all()):
+        only_empty = bool(empty[loop_index].all())
+        if strict and not only_empty:
             raise fail(
                 "map",
                 f"the trace of f holds only under {reason}; strict=True refuses the per-sample loop",
@@ -440,7 +513,8 @@ def _split(
         if report is not None:
             report.whole_loop = reason if not groups else None
             report.partial_loop = reason
-        _warn(variant, f"some samples run per sample ({reason})")
+        if not only_empty:  # samples without elements cost nothing per sample
+            _warn(variant, f"some samples run per sample ({reason})")
     if not groups:
         return _whole_loop(
             f,
@@ -453,6 +527,7 @@ def _split(
             randomness,
             None,
             variant.structure,
+            warn=not only_empty,
         )
     flat_parts: list[list[tuple[torch.Tensor, Any]]] = []
     out_spec = None
@@ -520,11 +595,28 @@ def _restructure(out: Any, variant: Variant, batch_size: int, device: Any) -> An
     every = torch.arange(batch_size, device=device)
     return pytree.tree_unflatten(
         [
-            merge([(every, leaf)], batch_size, s) if s else leaf
+            merge([(every, leaf)], batch_size, s) if _needs_merge(leaf, s) else leaf
             for leaf, s in zip(flat, shapes, strict=True)
         ],
         spec,
     )
+
+
+def _device_of(leaves: list[Any], kinds: list[str]) -> Any:
+    return next(
+        leaf.values.device if isinstance(leaf, Ragged) else leaf.device
+        for leaf, k in zip(leaves, kinds, strict=True)
+        if k in ("ragged", "dense")
+    )
+
+
+def _needs_merge(leaf: Any, ragged: tuple[int, ...]) -> bool:
+    """Whether a plan's output leaf lacks ragged axes the output structure has."""
+    if not ragged:
+        return False
+    if isinstance(leaf, Ragged):
+        return not set(ragged) <= {p for p, a in enumerate(leaf.layout.axes) if a.ragged}
+    return True
 
 
 def _empty_samples(

@@ -42,6 +42,10 @@ class Variant:
     # per flat output, its ragged per-sample axes (f's structure, whatever the batch)
     structure: list[tuple[int, ...]] | None = None
     exhausted: str | None = None  # why no further plan is traced (a retrace failed)
+    no_empty_plan: bool = False  # a retrace on an empty sample failed: those run per sample
+    # (output specs, pytree spec) of a complete trace that cannot run batched: the
+    # result of an empty batch (no sample runs, so no side effect happens either)
+    empty: tuple[list[Any], Any] | None = None
     warned: set[str] = dataclasses.field(default_factory=set)
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+import types
 from typing import Any
 
 import sympy  # type: ignore[import-untyped]
 import torch.utils._sympy.functions as symfn
+from torch.fx.experimental.symbolic_shapes import ShapeEnv, uninteresting_files
 
 _STRIDE_FRAMES = {
     "check_contiguous_sizes_strides",
@@ -72,4 +75,65 @@ def stride_only(guard: Any) -> bool:
     return isinstance(expr, sympy.Ne) and 0 in (expr.lhs, expr.rhs) and expr.has(symfn.FloorDiv)
 
 
-__all__ = ["stride_only"]
+class LayoutFreeShapeEnv(ShapeEnv):
+    """A ShapeEnv whose layout decisions are never facts.
+
+    ShapeEnv turns every guard into an axiom (and refines ranges with it), so a
+    guard dropped as layout bookkeeping would still decide a later comparison in f
+    statically, without a guard: a ``Ne(s, 1)`` from matmul's reshape decided
+    ``x.shape[0] == 1`` for every sample, and ``Eq(numel, 0)`` from ``contiguous``
+    decided ``h.numel() > 0``. Here a decision that :func:`stride_only` calls layout
+    is evaluated with guards suppressed (the example's answer, no guard, no fact);
+    every other decision is recorded as usual and checked per sample.
+    """
+
+    def _get_user_frame(self) -> types.FrameType | None:
+        # as torch's, skipping this module too: a guard's location is where f (or
+        # torch's own code) asked, never the override below
+        skip = uninteresting_files()
+        frame = inspect.currentframe()
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename not in skip and filename != __file__:
+                return frame
+            frame = frame.f_back
+        return None
+
+    def evaluate_expr(  # type: ignore[override]
+        self,
+        orig_expr: Any,
+        hint: Any = None,
+        fx_node: Any = None,
+        size_oblivious: bool = False,
+        fallback_value: bool | None = None,
+        *,
+        forcing_spec: bool = False,
+    ) -> Any:
+        def evaluate() -> Any:
+            return super(LayoutFreeShapeEnv, self).evaluate_expr(
+                orig_expr,
+                hint,
+                fx_node,
+                size_oblivious,
+                fallback_value,
+                forcing_spec=forcing_spec,
+            )
+
+        if self._suppress_guards_tls() or getattr(orig_expr, "is_number", True):
+            return evaluate()
+        if self._maybe_evaluate_static(orig_expr, size_oblivious=size_oblivious) is not None:
+            return evaluate()  # decided by true facts: no guard either way
+        with self.suppress_guards():
+            value = evaluate()
+        if value is sympy.true:
+            decided = orig_expr
+        elif value is sympy.false:
+            decided = sympy.Not(orig_expr)
+        else:
+            decided = sympy.Eq(orig_expr, value)
+        if stride_only(types.SimpleNamespace(expr=decided, sloc=self._get_sloc())):
+            return value
+        return evaluate()
+
+
+__all__ = ["LayoutFreeShapeEnv", "stride_only"]

@@ -81,8 +81,25 @@ def make_ctx(
     return ctx, inputs
 
 
+class LateGuardFailed(Exception):
+    """A guard on a data-dependent size (a ``torch._check`` torch's own code made while
+    tracing) fails for some sample: the batched plan does not hold for the call."""
+
+
+def _check_late(plan: Plan, ctx: Ctx, pending: list[int]) -> None:
+    for i in list(pending):
+        text, evaluate, names = plan.late[i]
+        if not names <= ctx.env.keys():
+            continue
+        pending.remove(i)
+        ok = evaluate(ctx.env)
+        if not bool(ok.all()) if isinstance(ok, Tensor) else not ok:
+            raise LateGuardFailed(f"guard {text} on a data-dependent size fails")
+
+
 def run(plan: Plan, ctx: Ctx, inputs: list[Any], strict: bool, recorder: Recorder | None) -> Any:
     values: list[Any] = list(inputs)
+    pending = list(range(len(plan.late)))
 
     def resolve(a: Any) -> Any:
         if isinstance(a, Ref):
@@ -108,6 +125,10 @@ def run(plan: Plan, ctx: Ctx, inputs: list[Any], strict: bool, recorder: Recorde
                 raise fail(
                     "map", f"op {step.op} made a data-dependent size its rule did not define"
                 )
+        if step.defines and pending:
+            _check_late(plan, ctx, pending)
+    if pending:
+        raise LateGuardFailed(f"guard {plan.late[pending[0]][0]} could not be checked")
     flat = [to_output(ctx, resolve(o)) for o in plan.outputs]
     return pytree.tree_unflatten(flat, plan.out_spec)
 

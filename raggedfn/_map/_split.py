@@ -3,9 +3,8 @@
 When some samples fail a plan's guards (a branch on sizes, an index past the
 end of a short sample), the batch is split: each group of samples runs the plan
 it satisfies, the rest run the per-sample loop, and the parts are merged back
-in sample order. Merging keeps the results' types: a leaf that is a ``Ragged``
-in any part is a ``Ragged`` (fixed-size parts join it as samples whose sizes are
-equal); dense parts of one per-sample shape stay a dense ``[B, ...]`` tensor.
+in sample order. A leaf's type follows f's first trace: ragged where that trace
+says so or where the samples' sizes differ, else a dense ``[B, ...]`` tensor.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import math
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from .._construct import from_list, unbind
@@ -98,19 +98,37 @@ def _ragged_positions(v: Ragged) -> set[int]:
     return {p for p, a in enumerate(v.layout.axes) if a.ragged}
 
 
-def _fixed_sizes(v: Any) -> list[int | None]:
+def _sizes_at(v: Tensor | Ragged) -> list[int | None]:
     """Per logical axis: its size when the same for every sample of ``v``, else None."""
     if isinstance(v, Tensor):
         return list(v.shape[1:])
-    return [None if a.ragged else int(v.values.shape[1 + a.index]) for a in v.layout.axes]
+    out: list[int | None] = []
+    for a in v.layout.axes:
+        if not a.ragged:
+            out.append(int(v.values.shape[1 + a.index]))
+            continue
+        column = v.sizes[:, a.index]
+        low, high = int(column.min()), int(column.max())
+        out.append(low if low == high else None)
+    return out
+
+
+def _as_dense(v: Tensor | Ragged) -> Tensor:
+    """A part whose samples all have one shape as a ``[b, ...]`` tensor."""
+    if isinstance(v, Tensor):
+        return v
+    return torch.stack(list(unbind(v)))
 
 
 def merge(parts: list[tuple[Tensor, Any]], batch_size: int, ragged: tuple[int, ...] = ()) -> Any:
     """One output leaf from its parts ``(sample indices, leaf for those samples)``.
 
     A per-sample axis is ragged in the result when it is in ``ragged`` (the output
-    structure f's trace gives), ragged in some part, or of different fixed sizes in
-    different parts; else the parts are dense and join as a ``[B, ...]`` tensor.
+    structure f's first trace gives) or when its size differs between samples;
+    else the parts join as a dense ``[B, ...]`` tensor, whatever type the plan
+    of each part gave (a later plan, traced on a special size, may see a ragged
+    axis where the first trace saw a fixed size: ``t[:1]`` under ``n > 3`` and
+    under ``n <= 3``).
     """
     values = [v for _, v in parts]
     order = torch.cat([i for i, _ in parts])
@@ -123,20 +141,18 @@ def merge(parts: list[tuple[Tensor, Any]], batch_size: int, ragged: tuple[int, .
         raise fail("map", f"f returns different non-tensor values in different samples: {values}")
     if not all(tensors):
         raise fail("map", "f returns a tensor in some samples and a number in others")
-    ranks = {len(_fixed_sizes(v)) for v in values}
+    sizes = [_sizes_at(v) for v in values]
+    ranks = {len(s) for s in sizes}
     if len(ranks) != 1:
         raise fail("map", f"f returns per-sample values of different ranks {sorted(ranks)}")
     rank = ranks.pop()
     positions = set(ragged)
-    for v in values:
-        if isinstance(v, Ragged):
-            positions |= _ragged_positions(v)
-    fixed = [_fixed_sizes(v) for v in values]
     for p in range(rank):
-        if len({f[p] for f in fixed}) > 1:
+        seen = {s[p] for s in sizes}
+        if None in seen or len(seen) > 1:
             positions.add(p)
     if not positions:
-        return torch.cat(values).index_select(0, inverse)
+        return torch.cat([_as_dense(v) for v in values]).index_select(0, inverse)
     layout = Layout.from_ragged_positions(rank, tuple(sorted(positions)))
     pieces = []
     for v in values:
@@ -144,7 +160,7 @@ def merge(parts: list[tuple[Tensor, Any]], batch_size: int, ragged: tuple[int, .
             pieces.append(_dense_as_ragged(v, None, layout))
         elif _ragged_positions(v) == positions:
             pieces.append(_standard(v, layout))
-        else:  # a part with fewer ragged axes (rare): rebuilt from its samples
+        else:  # a part with other ragged axes (rare): rebuilt from its samples
             pieces.append(
                 from_list(list(unbind(v)), ragged_dims=tuple(1 + p for p in sorted(positions)))
             )
@@ -161,6 +177,38 @@ def merge(parts: list[tuple[Tensor, Any]], batch_size: int, ragged: tuple[int, .
     return take_samples(joined, inverse)
 
 
+def empty_result(
+    specs: list[Any], out_spec: Any, structure: list[tuple[int, ...]] | None, device: Any
+) -> Any:
+    """f's outputs for a batch of no samples, from a complete trace's output specs
+    (None when an output is not a tensor of f's own: its type is unknown)."""
+    if structure is None or len(structure) != len(specs):
+        return None
+    flat: list[Any] = []
+    for spec, ragged in zip(specs, structure, strict=True):
+        if not isinstance(spec, TSpec):
+            return None
+        positions = set(ragged) | set(ragged_positions_of(spec))
+        fixed = [s if isinstance(s, int) else 0 for s in spec.shape]
+        if not positions:
+            flat.append(torch.empty(0, *fixed, dtype=spec.dtype, device=device))
+            continue
+        layout = Layout.from_ragged_positions(len(fixed), tuple(sorted(positions)))
+        dense = [0] * layout.num_dense
+        for p, a in enumerate(layout.axes):
+            if not a.ragged:
+                dense[a.index] = fixed[p]
+        flat.append(
+            Ragged._make(
+                torch.empty(0, *dense, dtype=spec.dtype, device=device),
+                torch.zeros(1, dtype=torch.int64, device=device),
+                torch.zeros(0, len(positions), dtype=torch.int64, device=device),
+                layout,
+            )
+        )
+    return pytree.tree_unflatten(flat, out_spec)
+
+
 def ragged_positions_of(spec: Any) -> tuple[int, ...]:
     """The ragged per-sample axes of a traced output spec (none for other outputs)."""
     if not isinstance(spec, TSpec):
@@ -168,4 +216,4 @@ def ragged_positions_of(spec: Any) -> tuple[int, ...]:
     return tuple(p for p, s in enumerate(spec.shape) if isinstance(s, Sz))
 
 
-__all__ = ["merge", "ragged_positions_of", "take", "take_samples"]
+__all__ = ["empty_result", "merge", "ragged_positions_of", "take", "take_samples"]

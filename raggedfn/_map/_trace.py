@@ -41,7 +41,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 
 from .._errors import fail
 from .._ragged import Ragged
-from ._guards import stride_only
+from ._guards import LayoutFreeShapeEnv, stride_only
 from ._registry import find_rule, op_name
 from ._sizes import Evaluator, Sz, Unsupported, compile_expr, equalities, sz_of
 from ._values import axes_of, num_ragged_of
@@ -116,6 +116,9 @@ class Plan:
     lifted: dict[int, int]  # step index of a captured tensor -> its lifted slot
     unknown: list[str]  # captured tensors found nowhere raggedfn looks (see _deps)
     pinned: bool = False  # a guard fixed a ragged size to a constant (len(t), int(n), n == 5)
+    # guards on data-dependent sizes (torch._check of a nonzero count): checked as soon
+    # as the steps defining those sizes have run, (text, evaluator, size names)
+    late: list[tuple[str, Evaluator, frozenset[str]]] = dataclasses.field(default_factory=list)
     inputs: list[Any] = dataclasses.field(default_factory=list)  # specs of the placeholders
     warned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
 
@@ -347,7 +350,7 @@ def trace(
     ``lifted_ids`` maps ``id`` of each tensor ``fn`` captures to its lifted slots.
     """
     start = time.perf_counter()
-    env = ShapeEnv(specialize_zero_one=False, duck_shape=False)
+    env = LayoutFreeShapeEnv(specialize_zero_one=False, duck_shape=False)
     mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
     symbols: dict[int, Any] = {}
     axis = 0
@@ -414,15 +417,8 @@ def trace(
         str(sym) in ours and getattr(value, "is_number", False)
         for sym, value in env.replacements.items()
     )
-    try:
-        _check_writes(gm, steps)
-    except Unsupported as error:
-        # the trace is complete, only not runnable batched: the loop that runs instead
-        # restacks its outputs with the traced structure (the same for every batch)
-        error.specs = specs_of(steps, outputs, inputs)  # type: ignore[attr-defined]
-        error.pinned = pinned  # type: ignore[attr-defined]
-        raise
     guards: list[tuple[str, Evaluator]] = []
+    late: list[tuple[str, Evaluator, frozenset[str]]] = []
     found: list[tuple[Any, str]] = []
     for g in env.guards:
         if not stride_only(g):
@@ -437,7 +433,21 @@ def trace(
         if text in seen or text == "True":
             continue
         seen.add(text)
-        guards.append((f"{text} (from {where})", compile_expr(expr)))
+        unbacked = frozenset(str(f) for f in expr.free_symbols if str(f).startswith("u"))
+        if unbacked:
+            late.append((f"{text} (from {where})", compile_expr(expr), unbacked))
+        else:
+            guards.append((f"{text} (from {where})", compile_expr(expr)))
+    try:
+        _check_writes(gm, steps)
+    except Unsupported as error:
+        # the trace is complete, only not runnable batched: the loop that runs instead
+        # restacks its outputs with the traced structure (the same for every batch)
+        error.specs = specs_of(steps, outputs, inputs)  # type: ignore[attr-defined]
+        error.pinned = pinned  # type: ignore[attr-defined]
+        error.guarded = bool(guards)  # type: ignore[attr-defined]
+        error.out_spec = out_holder[-1]  # type: ignore[attr-defined]
+        raise
     return Plan(
         steps,
         placeholders,
@@ -449,6 +459,7 @@ def trace(
         lifted,
         unknown,
         pinned=pinned,
+        late=late,
         inputs=inputs,
     )
 
