@@ -38,6 +38,7 @@ are opaque to ``torch.func`` and to double backward inside compiled code (those
 raise; forward mode raises ``RaggedError``, see ``docs/transforms.md``).
 """
 
+from ._cumsum import segment_cumsum
 from ._extrema import identity, segment_amax, segment_amin, segment_max, segment_min
 from ._forward import forward_mode, has_tangent
 from ._grouped import segment_matmul, segment_outer
@@ -48,7 +49,6 @@ from ._segment import (
     broadcast,
     pad,
     segment_counts,
-    segment_cumsum,
     segment_mean,
     segment_sum,
     take_rows,

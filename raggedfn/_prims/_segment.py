@@ -1,4 +1,4 @@
-"""Segment sums, means, products, cumulative sums, broadcasts and padding.
+"""Segment sums, means, products, broadcasts and padding (running sums: ``_cumsum``).
 
 Everything here is a plain composite of differentiable torch ops: autograd,
 ``torch.func`` (grad, vjp, jacrev, jacfwd, vmap) and ``torch.compile`` derive
@@ -90,65 +90,6 @@ def segment_mean(
     present = counts > 0
     safe = torch.where(present, counts, torch.ones_like(counts)).to(total.dtype)
     return torch.where(present, total / safe, torch.full_like(total, float("nan")))
-
-
-def _accumulator(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a segmented running sum is accumulated in (torch.cumsum's result dtype)."""
-    if dtype == torch.bool or not (dtype.is_floating_point or dtype.is_complex):
-        return torch.int64
-    if dtype in (torch.float16, torch.bfloat16, torch.float32):
-        return torch.float64
-    return dtype
-
-
-def _running(values: Tensor, starts: Tensor) -> Tensor:
-    """Inclusive running sum inside contiguous segments: the running sum over all rows
-    minus its value just before each row's segment start."""
-    running = torch.cumsum(values, 0)
-    before = torch.cat([running.new_zeros((1, *running.shape[1:])), running[:-1]])
-    return running - take_rows(before, starts)
-
-
-# +inf and -inf (NaN counts as both) in a segment prefix, packed into one int64 running sum:
-# counts stay below 2**31, so the difference of two running codes splits exactly
-_NEGATIVE = 1 << 31
-
-
-def segment_cumsum(values: Tensor, starts: Tensor) -> Tensor:
-    """Inclusive running sum along packed order inside contiguous segments.
-
-    Args:
-        values: ``[T, *rest]``.
-        starts: ``[T]`` int64, the packed index of the first row of each row's
-            segment; every segment must occupy consecutive rows.
-
-    Returns:
-        ``[T, *rest]`` in ``torch.cumsum``'s result dtype (int64 for integers
-        and bool). The running sum over all rows minus its value just before
-        the segment start: one ``cumsum`` and two gathers, no host sync.
-        Floating inputs below float64 accumulate in float64 so that the
-        difference loses nothing at their precision; float64 inputs lose up
-        to ``T * eps`` relative to the largest running total. Infinite and NaN
-        entries are kept out of that difference (``inf - inf`` would spill NaN
-        into later segments): they are counted per prefix instead, giving
-        ``+-inf`` or NaN exactly where ``torch.cumsum`` of the segment does. Their
-        own gradient is 0, which is torch's wherever the loss is finite (every
-        output downstream of them is infinite or NaN).
-    """
-    out_dtype = torch.int64 if _accumulator(values.dtype) == torch.int64 else values.dtype
-    wide = values.to(_accumulator(values.dtype))
-    if not wide.is_floating_point():
-        return _running(wide, starts).to(out_dtype)
-    finite = torch.isfinite(wide)
-    total = _running(torch.where(finite, wide, torch.zeros_like(wide)), starts)
-    up = (wide == float("inf")) | torch.isnan(wide)
-    down = (wide == float("-inf")) | torch.isnan(wide)
-    code = _running(up.to(torch.int64) + down.to(torch.int64) * _NEGATIVE, starts)
-    positive, negative = code % _NEGATIVE > 0, code >= _NEGATIVE
-    total = torch.where(positive, float("inf"), total)
-    total = torch.where(negative, float("-inf"), total)
-    total = torch.where(positive & negative, float("nan"), total)
-    return total.to(out_dtype)
 
 
 def pad(
