@@ -648,3 +648,28 @@ def test_12_9_a_fallback_warns_with_a_performance_warning():
     assert issubclass(category, UserWarning)
     with pytest.warns(category, match="flip"):
         raggedfn.map(lambda t: t.flip(0) * 1.5, x)
+
+
+def _second_selected_row(t):
+    return t[t[:, 0] > 0].narrow(0, 1, 1)
+
+
+def _loss_of_a_checked_data_dependent_size(values, offsets, sizes):
+    x = raggedfn.Ragged(values, offsets, sizes, LAYOUT)
+    return raggedfn.map(_second_selected_row, x).pow(2).sum()
+
+
+def test_19_a_check_on_a_data_dependent_size_compiles_as_an_assertion():
+    """Under compile the check on the mask's count is a device assertion (no host sync,
+    no loop inside the graph); a batch that breaks it stops, as for any guard there."""
+    rows = torch.tensor([[1.0, 0.0], [2.0, 0.5], [-1.0, 3.0]], dtype=torch.float64)
+    good = raggedfn.from_list([rows, rows.flip(0)])
+    bad = raggedfn.from_list([rows, -rows])
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(_loss_of_a_checked_data_dependent_size, fullgraph=True, dynamic=True)
+    args = (good.values, good.offsets, good.sizes)
+    torch.testing.assert_close(compiled(*args), _loss_of_a_checked_data_dependent_size(*args))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    with pytest.raises(RuntimeError, match=r"raggedfn\.map: guard"):
+        compiled(bad.values, bad.offsets, bad.sizes)

@@ -93,7 +93,10 @@ def _check_late(plan: Plan, ctx: Ctx, pending: list[int]) -> None:
             continue
         pending.remove(i)
         ok = evaluate(ctx.env)
-        if not bool(ok.all()) if isinstance(ok, Tensor) else not ok:
+        if isinstance(ok, Tensor) and torch.compiler.is_compiling():
+            # no loop inside a graph: the batch stops, as for any other guard there
+            torch._assert_async(ok.all(), f"raggedfn.map: guard {text} fails")
+        elif not bool(ok.all()) if isinstance(ok, Tensor) else not ok:
             raise LateGuardFailed(f"guard {text} on a data-dependent size fails")
 
 
