@@ -673,3 +673,31 @@ def test_19_a_check_on_a_data_dependent_size_compiles_as_an_assertion():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     with pytest.raises(RuntimeError, match=r"raggedfn\.map: guard"):
         compiled(bad.values, bad.offsets, bad.sizes)
+
+
+MHA = torch.nn.MultiheadAttention(2, 1, batch_first=True, dtype=torch.float64).eval()
+
+
+def _loss_of_attention_with_empty_samples(values, offsets, sizes):
+    x = raggedfn.Ragged(values, offsets, sizes, LAYOUT)
+    out = raggedfn.map(lambda t: MHA(t[None], t[None], t[None], need_weights=False)[0][0], x)
+    return out.values.pow(2).sum()
+
+
+def test_19_torch_guards_against_empty_samples_hold_them_under_compile():
+    """nn.MultiheadAttention's SDPA call records ``Ne(n, 0)`` (a kernel choice in C++).
+    Eagerly an empty sample runs per sample; under compile no sample can, and the
+    batched rules (which follow torch for empty samples) run it instead of stopping."""
+    batch = raggedfn.from_list(_samples([3, 0, 2]))
+    eager = raggedfn.map_report(
+        lambda t: MHA(t[None], t[None], t[None], need_weights=False)[0][0], batch
+    )
+    assert any("Ne(" in g and ", 0)" in g for g in eager.guards), eager.guards
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(_loss_of_attention_with_empty_samples, fullgraph=True, dynamic=True)
+    for lengths in ([3, 0, 2], [4, 1]):
+        x = raggedfn.from_list(_samples(lengths))
+        args = (x.values, x.offsets, x.sizes)
+        torch.testing.assert_close(compiled(*args), _loss_of_attention_with_empty_samples(*args))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

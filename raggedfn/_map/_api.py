@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +20,7 @@ from ._fallback import function_loop, output_specs
 from ._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx, run
 from ._report import MapReport
 from ._sizes import Unsupported
-from ._split import empty_result, merge, ragged_positions_of, take
+from ._split import empty_result, empty_samples, merge, ragged_positions_of, take
 from ._trace import (
     _HINTS,
     _LOCK,
@@ -477,7 +476,7 @@ def _split(
             break
         # trace again with the sizes of the first sample no plan fits (one with
         # elements first: torch's stride logic can fail on an all-zero example)
-        empty = _empty_samples(leaves, kinds, batch_size, device)
+        empty = empty_samples(leaves, kinds, batch_size, device)
         waiting = remaining & ~empty
         if not bool(waiting.any()):
             if variant.no_empty_plan:
@@ -503,7 +502,7 @@ def _split(
     if loop_index is not None:
         reason = "; ".join(sorted(set(failed_guards))) or "no trace fits these sizes"
         reason = f"guard {reason} fails for {loop_index.numel()} sample(s)"
-        empty = _empty_samples(leaves, kinds, batch_size, device)
+        empty = empty_samples(leaves, kinds, batch_size, device)
         only_empty = bool(empty[loop_index].all())
         if strict and not only_empty:
             raise fail(
@@ -539,7 +538,7 @@ def _split(
         ctx, inputs = make_ctx(plan, sub, int(sample_index.numel()), device, lifted, randomness)
         # strict=True lets samples without elements run per node: they cost nothing,
         # and torch's own code often special-cases them (a plan of their own is pinned)
-        only_empty = bool(_empty_samples(leaves, kinds, batch_size, device)[sample_index].all())
+        only_empty = bool(empty_samples(leaves, kinds, batch_size, device)[sample_index].all())
         out = run(plan, ctx, inputs, strict and not only_empty, recorder)
         flat, spec = pytree.tree_flatten(out, is_leaf=is_ragged_leaf)
         if out_spec is None:
@@ -617,19 +616,6 @@ def _needs_merge(leaf: Any, ragged: tuple[int, ...]) -> bool:
     if isinstance(leaf, Ragged):
         return not set(ragged) <= {p for p, a in enumerate(leaf.layout.axes) if a.ragged}
     return True
-
-
-def _empty_samples(
-    leaves: list[Any], kinds: list[str], batch_size: int, device: Any
-) -> torch.Tensor:
-    """``[B]`` bool: samples in which every mapped Ragged has no elements."""
-    empty = torch.ones(batch_size, dtype=torch.bool, device=device)
-    for leaf, kind in zip(leaves, kinds, strict=True):
-        if kind == "ragged":
-            empty &= (leaf.offsets[1:] == leaf.offsets[:-1]).to(device)
-        elif kind == "dense" and math.prod(leaf.shape[1:]) > 0:
-            empty &= False
-    return empty
 
 
 def _class_hints(

@@ -282,6 +282,7 @@ def compiled_map(
 ) -> Any:
     from ._api import _columns, _roots
     from ._interpret import make_ctx, run
+    from ._split import empty_samples
 
     loose = _loose(leaves, kinds, treespec, dims)
     roots = [r for r, _ in _roots(f, leaves, kinds)]
@@ -350,9 +351,15 @@ def compiled_map(
         if k in ("ragged", "dense")
     )
     ctx, inputs = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
+    empty = empty_samples(leaves, kinds, batch_size, device)
     for text, evaluate in plan.guards:
         ok = evaluate(ctx.env)
         if isinstance(ok, torch.Tensor):
+            if text in plan.internal:
+                # torch's own code ruled empty samples out (an SDPA kernel choice,
+                # ``numel() == 0`` shortcuts): eagerly they run per sample; here the
+                # batched rules, which follow torch per sample for them, run them
+                ok = ok | empty
             torch._assert_async(ok.all(), f"raggedfn.map: guard {text} fails")
         elif not ok:
             raise fail("map", f"guard {text} fails")

@@ -209,6 +209,19 @@ def empty_result(
     return pytree.tree_unflatten(flat, out_spec)
 
 
+def empty_samples(
+    leaves: list[Any], kinds: list[str], batch_size: int, device: Any
+) -> torch.Tensor:
+    """``[B]`` bool: samples in which every mapped Ragged has no elements."""
+    empty = torch.ones(batch_size, dtype=torch.bool, device=device)
+    for leaf, kind in zip(leaves, kinds, strict=True):
+        if kind == "ragged":
+            empty &= (leaf.offsets[1:] == leaf.offsets[:-1]).to(device)
+        elif kind == "dense" and math.prod(leaf.shape[1:]) > 0:
+            empty &= False
+    return empty
+
+
 def ragged_positions_of(spec: Any) -> tuple[int, ...]:
     """The ragged per-sample axes of a traced output spec (none for other outputs)."""
     if not isinstance(spec, TSpec):
@@ -216,4 +229,4 @@ def ragged_positions_of(spec: Any) -> tuple[int, ...]:
     return tuple(p for p, s in enumerate(spec.shape) if isinstance(s, Sz))
 
 
-__all__ = ["empty_result", "merge", "ragged_positions_of", "take", "take_samples"]
+__all__ = ["empty_result", "empty_samples", "merge", "ragged_positions_of", "take", "take_samples"]

@@ -119,6 +119,9 @@ class Plan:
     # guards on data-dependent sizes (torch._check of a nonzero count): checked as soon
     # as the steps defining those sizes have run, (text, evaluator, size names)
     late: list[tuple[str, Evaluator, frozenset[str]]] = dataclasses.field(default_factory=list)
+    # texts of the guards recorded by torch's own code (not f's): under compile, where
+    # no sample can run per sample, samples without elements may break them
+    internal: frozenset[str] = frozenset()
     inputs: list[Any] = dataclasses.field(default_factory=list)  # specs of the placeholders
     warned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
 
@@ -419,16 +422,18 @@ def trace(
     )
     guards: list[tuple[str, Evaluator]] = []
     late: list[tuple[str, Evaluator, frozenset[str]]] = []
-    found: list[tuple[Any, str]] = []
+    found: list[tuple[Any, str, bool]] = []
     for g in env.guards:
         if not stride_only(g):
             loc = getattr(g.sloc, "framework_loc", None)
-            where = f"{getattr(loc, 'filename', '?').rsplit('/', 1)[-1]}:{getattr(loc, 'lineno', '?')} in {getattr(loc, 'name', '?')}"
-            found.append((g.expr, where))
+            filename = str(getattr(loc, "filename", "?")).replace("\\", "/")
+            where = f"{filename.rsplit('/', 1)[-1]}:{getattr(loc, 'lineno', '?')} in {getattr(loc, 'name', '?')}"
+            found.append((g.expr, where, "/torch/" in filename))
     for asserts in env.deferred_runtime_asserts.values():
-        found.extend((a.expr, "runtime assert") for a in asserts)
+        found.extend((a.expr, "runtime assert", False) for a in asserts)
     seen: set[str] = set()
-    for expr, where in found:
+    internal: set[str] = set()
+    for expr, where, torch_own in found:
         text = str(expr)
         if text in seen or text == "True":
             continue
@@ -436,8 +441,10 @@ def trace(
         unbacked = frozenset(str(f) for f in expr.free_symbols if str(f).startswith("u"))
         if unbacked:
             late.append((f"{text} (from {where})", compile_expr(expr), unbacked))
-        else:
-            guards.append((f"{text} (from {where})", compile_expr(expr)))
+            continue
+        guards.append((f"{text} (from {where})", compile_expr(expr)))
+        if torch_own:
+            internal.add(guards[-1][0])
     try:
         _check_writes(gm, steps)
     except Unsupported as error:
@@ -460,6 +467,7 @@ def trace(
         unknown,
         pinned=pinned,
         late=late,
+        internal=frozenset(internal),
         inputs=inputs,
     )
 
