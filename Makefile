@@ -67,7 +67,7 @@ bench-quick: $(VENV)/.installed-bench
 # mutation testing (docs/testing.md), not part of `make test`: slices in build/mutate/,
 # niced (the machine is shared); MUTATE_SLICES, MUTATE_SAMPLE, MUTATE_JOBS to choose
 mutate: $(VENV)/.installed-mutate
-	nice -n 19 $(PY) -m tests.mutate
+	nice -n 10 $(PY) -m tests.mutate
 
 clean:
 	rm -rf $(VENV) build site *.egg-info

@@ -1,0 +1,79 @@
+"""The code that ``attention`` runs under ``torch.compile``, called eagerly.
+
+Under compile, ``raggedfn.attention`` calls ``ops._attention._compiled``: plain
+attention goes to the varlen op, anything else to ``_prims.host_planned``, a custom
+op whose implementation (registered with ``_prims.implement``) rebuilds the values
+from flat tensors and a meta string and runs the eager op, and whose backward is a
+second custom op (``torch.func.vjp`` of that implementation). Custom ops run eagerly
+too, so these tests call ``_compiled`` without dynamo and compare it with torch's
+SDPA on every sample alone, in values and gradients, with every optional argument.
+They reach what the compiled tests reach (``test_fast_paths.py``,
+``test_compile_planned.py``) in code that mutation testing can instrument (dynamo
+does not trace mutmut's trampolines), and run in a fraction of their time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from property_tests.reference import samples
+from property_tests.test_attention_props import sdpa_sample
+from raggedfn import Ragged, _prims
+from raggedfn.ops import _attention
+from tests.test_fast_paths import DISTINCT, EQUAL, check_attention, packed, spy
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+
+
+def compiled_eagerly(q: Ragged, k: Ragged, v: Ragged, **kwargs: Any) -> Ragged:
+    bias, key_padding = kwargs.get("bias"), kwargs.get("key_padding")
+    return _attention._compiled(q, k, v, bias, key_padding, kwargs["causal"], kwargs["scale"])
+
+
+CASES = [  # (bias kind, key padding): every kind of argument the meta string encodes
+    ("none", True),
+    ("pair", False),
+    ("pair_grad", True),
+    ("heads", False),
+    ("per_sample", False),
+]
+
+
+@pytest.mark.parametrize("scale", [None, 0.6])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("bias", "padding"), CASES)
+def test_host_planned_attention_equals_per_sample_sdpa(bias, padding, causal, scale):
+    with spy(_attention, "_attention") as planned:
+        check_attention(compiled_eagerly, *DISTINCT, bias, padding, causal, scale)
+    assert planned  # the registered implementation ran the eager op
+
+
+@pytest.mark.parametrize("scale", [None, 0.6])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lengths", [DISTINCT, EQUAL], ids=["distinct", "equal"])
+def test_plain_attention_takes_the_varlen_op(lengths, causal, scale):
+    """q, k and v with one head size, no bias or padding: the varlen op, not the plan."""
+    n_lengths, m_lengths = lengths
+    q, k, v = packed(n_lengths, 0), packed(m_lengths, 1), packed(m_lengths, 2)
+    leaves = [t.values.requires_grad_(True) for t in (q, k, v)]
+    with spy(_prims, "varlen_attention") as varlen, spy(_attention, "_attention") as planned:
+        out = compiled_eagerly(q, k, v, causal=causal, scale=scale)
+    assert varlen and not planned
+    want = [
+        sdpa_sample(a, b, c, None, None, causal, scale)
+        for a, b, c in zip(samples(q), samples(k), samples(v), strict=True)
+    ]
+    torch.testing.assert_close(out.values, torch.cat(want))
+    cotangent = torch.randn(
+        out.values.shape, generator=torch.Generator().manual_seed(3), dtype=out.values.dtype
+    )
+    mine = torch.autograd.grad(out.values, leaves, cotangent)
+    theirs = torch.autograd.grad(torch.cat(want), leaves, cotangent)
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a, b)
