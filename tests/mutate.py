@@ -22,7 +22,8 @@ Options (environment, as ``make mutate MUTATE_SLICES=...``):
 Prints, per slice, killed / survived / no tests / timeouts, the killed share with
 its 95% Wilson interval (an estimate of the score over all the slice's mutants) and
 the time taken; writes ``build/mutate/<slice>.txt`` with the diff of every sampled
-mutant that was not killed, and ``build/mutate/summary.md``. Not part of ``make test``.
+mutant that was not killed, and ``build/mutate/summary.md`` (the latest run of every slice; slices can run at once as
+separate ``make mutate MUTATE_SLICES=...``). Not part of ``make test``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ SLICES = {
         "raggedfn._prims.",
         (
             "tests/test_prims.py",
+            "tests/test_prims_bodies.py",
+            "tests/test_host_planned_eager.py",
             "tests/test_prims_apply.py",
             "tests/test_forward.py",
             "tests/test_grouped.py",
@@ -76,8 +79,22 @@ SLICES = {
             "tests/test_nn.py",
             "tests/test_products.py",
             "tests/test_attention.py",
+            "tests/test_host_planned_eager.py",
             "tests/test_grouped.py",
             "tests/test_fast_paths.py",
+            "tests/test_boundaries.py",
+            "tests/test_reduce_defaults.py",
+            "tests/test_stable_order.py",
+            # the per-sample comparisons of ops live in the property tests
+            "property_tests/test_broadcast_props.py",
+            "property_tests/test_elementwise_props.py",
+            "property_tests/test_nested_props.py",
+            "property_tests/test_nn_props.py",
+            "property_tests/test_products_props.py",
+            "property_tests/test_reduce_props.py",
+            "property_tests/test_select_props.py",
+            "property_tests/test_shape_props.py",
+            "property_tests/test_softmax_props.py",
         ),
     ),
     "construct": Slice(
@@ -106,6 +123,11 @@ SLICES = {
 # and a mutated message is not a numerical bug (it only multiplies the mutants).
 SKIP = "not compile and not fullgraph and not test_call_picks_the_rule_set"
 DO_NOT_MUTATE = [r"raise fail\(", r"raise RaggedError\("]
+
+# A mutant is stopped (a timeout, counted as killed) after (t + 1 s) * 2 * this CPU seconds,
+# t the estimated time of its tests (mutmut's default 15: a mutant that loops would hold the
+# shared machine for minutes).
+TIMEOUT_MULTIPLIER = 4
 
 # mutmut's own generation step (copy, parse, write the trampolined files), without its
 # stats collection and test runs; pinned mutmut (constraints.txt), so its internals hold.
@@ -136,6 +158,7 @@ def _config(part: Slice) -> str:
         f"pytest_add_cli_args_test_selection = {array([*part.tests, '-k', SKIP])}\n"
         f"do_not_mutate_patterns = {array([p.replace(chr(92), chr(92) * 2) for p in DO_NOT_MUTATE])}\n"
         'also_copy = ["property_tests/", "benchmarks/", "docs/", "README.md"]\n'
+        f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n"
     )
 
 
@@ -202,6 +225,9 @@ def run_slice(name: str, sample: str, seed: int, jobs: int) -> str:
     where = _prepare(name, part)
     start = time.perf_counter()
     log = (BUILD / f"{name}.log").open("w")
+    # one torch thread per mutant process: frugal on a shared machine, and the CPU-time
+    # limit of a mutant (its timeout) then means the same at any thread count
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **os.environ}
     python = [sys.executable, "-c"]
     subprocess.run([*python, GENERATE, str(max(jobs, 1))], cwd=where, stdout=log, check=True)
     statuses = _statuses(where, part.prefix)
@@ -209,7 +235,7 @@ def run_slice(name: str, sample: str, seed: int, jobs: int) -> str:
     pending = [m for m in chosen if statuses[m] in NOT_KILLED]
     if pending:
         command = [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), *pending]
-        done = subprocess.run(command, cwd=where, stdout=log, stderr=subprocess.STDOUT)
+        done = subprocess.run(command, cwd=where, env=env, stdout=log, stderr=subprocess.STDOUT)
         if done.returncode != 0:  # a failing clean run or stats collection: no verdicts
             raise SystemExit(f"mutmut failed on slice {name}: see {BUILD / name}.log")
     elapsed = time.perf_counter() - start
@@ -244,17 +270,21 @@ def main(argv: list[str]) -> int:
     seed = int(os.environ.get("MUTATE_SEED", "20"))
     jobs = int(os.environ.get("MUTATE_JOBS", "1"))
     BUILD.mkdir(parents=True, exist_ok=True)
-    rows = [
-        f"{sample} mutants drawn per slice, seed {seed}",
-        "",
-        "| slice | mutants | tested | killed | timeout | survived | no tests | killed % "
-        "| 95% interval | time |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
     for name in slices:
-        rows.append(run_slice(name, sample, seed, jobs))
-        print(rows[-1], flush=True)
-    (BUILD / "summary.md").write_text("\n".join(rows) + "\n")
+        row = run_slice(name, sample, seed, jobs)
+        (BUILD / f"{name}.row").write_text(f"{row} {sample} drawn, seed {seed} |\n")
+        print(row, flush=True)
+    rows = [
+        "| slice | mutants | tested | killed | timeout | survived | no tests | killed % "
+        "| 95% interval | time | sample |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows += [
+        (BUILD / f"{name}.row").read_text().strip()
+        for name in SLICES
+        if (BUILD / f"{name}.row").exists()
+    ]
+    (BUILD / "summary.md").write_text("\n".join(rows) + "\n")  # every slice's latest run
     return 0
 
 
