@@ -203,11 +203,15 @@ def _statuses(where: Path, prefix: str) -> dict[str, str]:
 
 
 def draw(names: list[str], sample: str, seed: int, slice_name: str) -> list[str]:
-    """``sample`` mutants (or ``all``) drawn uniformly from ``names`` with a fixed seed."""
+    """``sample`` mutants (or ``all``) drawn uniformly from ``names`` with a fixed seed.
+
+    In the order drawn: a smaller sample of the same seed is a prefix of a larger one
+    (``random.sample`` draws one index at a time), so its verdicts are reused.
+    """
     ordered = sorted(names)
     if sample == "all" or int(sample) >= len(ordered):
         return ordered
-    return sorted(random.Random(f"{seed}-{slice_name}").sample(ordered, int(sample)))
+    return random.Random(f"{seed}-{slice_name}").sample(ordered, int(sample))
 
 
 def wilson(killed: int, tested: int, z: float = 1.96) -> tuple[float, float]:
