@@ -1,7 +1,8 @@
-"""Size checks that a batch of zero samples or a size of one must not slip past.
+"""Size checks that a batch of zero samples, a size of one or a short index must not slip past.
 
 ``einsum`` compares every Ragged operand's batch size with the first one's, also
-when the first has no samples; ``unflatten`` infers a ``-1`` next to sizes whose
+when the first has no samples; ``group_by`` refuses ids of another length than the
+rows; ``unflatten`` infers a ``-1`` next to sizes whose
 product is 1 (as ``torch.unflatten``) and refuses one next to a 0.
 """
 
@@ -36,3 +37,8 @@ def test_unflatten_refuses_minus_one_beside_zero() -> None:
     x = raggedfn.from_lengths(torch.zeros(5, 0), torch.tensor([3, 2]))
     with pytest.raises(RaggedError, match="cannot hold 0 elements"):
         raggedfn.unflatten(x, 2, (0, -1))
+
+
+def test_group_by_refuses_ids_of_another_length_than_the_rows() -> None:
+    with pytest.raises(RaggedError, match="group_by"):
+        raggedfn.group_by(torch.zeros(4, 2), torch.tensor([0, 1, 1]), 2)
