@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -10,26 +9,30 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .._errors import RaggedError, RaggedPerformanceWarning, describe, fail
+from .._errors import RaggedPerformanceWarning, describe, fail
 from .._ragged import Ragged
 from . import _cache
 from ._cache import CacheInfo, Variant
 from ._compiled import compiled_map
-from ._deps import walk
-from ._fallback import function_loop, output_specs
+from ._groups import (
+    _check_randomness,
+    _columns,
+    _device_of,
+    _restructure,
+    _split,
+    _warn,
+    _whole_loop,
+)
 from ._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx, run
+from ._plans import _new_variant
 from ._report import MapReport
 from ._sizes import Unsupported
-from ._split import empty_result, empty_samples, merge, ragged_positions_of, take
+from ._split import empty_result
 from ._trace import (
-    _HINTS,
     _LOCK,
-    Plan,
-    TSpec,
     is_ragged_leaf,
     leaf_kinds,
     signature,
-    trace,
     tracing,
 )
 
@@ -88,16 +91,6 @@ def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ..
     return dims, leaves, treespec, kinds, batch_sizes[0]
 
 
-def _columns(leaves: list[Any], kinds: list[str]) -> list[torch.Tensor]:
-    """``[B]`` sizes of every ragged axis of every mapped input, flattened in order."""
-    return [
-        leaf.sizes[:, k]
-        for leaf, kind in zip(leaves, kinds, strict=True)
-        if kind == "ragged"
-        for k in range(leaf.num_ragged)
-    ]
-
-
 def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
     """For every ragged axis of every mapped input: the first axis whose sizes equal its
     own in every sample (one host sync). Equal axes share one symbol in the trace, so
@@ -119,150 +112,6 @@ def _roots(f: Any, leaves: list[Any], kinds: list[str]) -> list[tuple[Any, str]]
         if kind == "constant" and type(leaf) not in _SCALARS:
             roots.append((leaf, f"argument leaf {i}"))
     return roots
-
-
-def _warn(variant: Variant | None, what: str) -> None:
-    if variant is not None:
-        if what in variant.warned:
-            return
-        variant.warned.add(what)
-    warnings.warn(f"raggedfn.map: {what}", RaggedPerformanceWarning, stacklevel=4)
-
-
-def _new_variant(
-    f: Any,
-    roots: list[tuple[Any, str]],
-    static: tuple[Any, ...],
-    leaves: list[Any],
-    kinds: list[str],
-    treespec: Any,
-    classes: tuple[int, ...],
-) -> tuple[Variant, list[Any], bool]:
-    """Walk what ``f`` reads and trace a first plan; ``(variant, lifted, cacheable)``."""
-    deps = walk(roots)
-    lifted: list[Any] = [None] * len(deps.lifted)
-    if not deps.check(*(r for r, _ in roots), lifted):
-        raise fail("map", "the state f reads changed while it was being read")
-    variant = Variant(static, deps)
-    hints = tuple(_HINTS[c % len(_HINTS)] for c in range(len(classes)))
-    plan = _trace_plan(f, leaves, kinds, treespec, classes, hints, deps)
-    probe_hints = _probe_hints(len(classes))
-    needed = not (isinstance(plan, Plan) and _holds_at(plan, classes, probe_hints))
-    variant.structure, probe = _structure(
-        plan,
-        (lambda: _trace_plan(f, leaves, kinds, treespec, classes, probe_hints, deps))
-        if needed
-        else None,
-    )
-    if isinstance(plan, Failure):
-        variant.failure = plan.reason
-        if plan.specs is not None and plan.out_spec is not None:
-            variant.empty = (plan.specs, plan.out_spec)
-        return variant, lifted, True
-    variant.plans.append(plan)
-    if isinstance(probe, Plan) and not probe.unknown:
-        variant.plans.append(probe)  # a plan for small samples, traced anyway
-    return variant, lifted, not plan.unknown
-
-
-# example sizes of the probe trace: small (below the thresholds of most branches on
-# sizes, ``t[:min(3, n)]``), distinct per size class, and never 0 or 1 (torch's own
-# special cases)
-def _probe_hints(count: int) -> tuple[int, ...]:
-    return tuple(2 + c for c in range(count))
-
-
-def _holds_at(plan: Plan, classes: tuple[int, ...], hints: tuple[int, ...]) -> bool:
-    """Whether every guard of ``plan`` holds with these example sizes per size class
-    (then a trace on them takes the same branches, and adds nothing), never for a
-    pinned trace."""
-    if plan.pinned:
-        return False
-    env: dict[str, Any] = {}
-    axis = 0
-    for kind in plan.leaf_kinds:
-        for name in kind.symbols:
-            env[name] = hints[classes[axis]]
-            axis += 1
-    try:
-        return all(bool(evaluate(env)) for _, evaluate in plan.guards)
-    except Exception:  # a size this env lacks: trace to find out
-        return False
-
-
-def _structure(
-    plan: Plan | Failure,
-    probe: Callable[[], Plan | Failure] | None,
-) -> tuple[list[tuple[int, ...]] | None, Plan | Failure | None]:
-    """The ragged axes of each output, as f gives them (None when the trace stopped
-    before its end), and the probe trace when one ran.
-
-    The first trace's example sizes are large. Where a guard fixed a ragged size
-    (``len(t)``, ``float(n)``) or f branches on sizes (``t[:min(3, n)]`` has 3 rows
-    for every n >= 3), its fixed output sizes may still follow the input's: a probe
-    trace on small sizes tells them apart (axes ragged there, or of other sizes,
-    are ragged). The structure depends on f only, never on a batch."""
-    specs, pinned, guarded = _specs(plan)
-    if specs is None:
-        return None, None
-    positions = [set(ragged_positions_of(s)) for s in specs]
-    if probe is None or not (pinned or guarded):
-        return [tuple(sorted(p)) for p in positions], None
-    other = probe()
-    more, _, _ = _specs(other)
-    if more is None or len(more) != len(specs):
-        # the probe stopped early: a pinned trace cannot tell; else keep the first's
-        return (None if pinned else [tuple(sorted(p)) for p in positions]), other
-    for p, a, b in zip(positions, specs, more, strict=True):
-        if isinstance(a, TSpec) and isinstance(b, TSpec) and len(a.shape) == len(b.shape):
-            p.update(ragged_positions_of(b))
-            p.update(q for q, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y)
-    return [tuple(sorted(p)) for p in positions], other
-
-
-def _specs(plan: Plan | Failure) -> tuple[list[Any] | None, bool, bool]:
-    if isinstance(plan, Plan):
-        return output_specs(plan), plan.pinned, bool(plan.guards)
-    return plan.specs, plan.pinned, plan.guarded
-
-
-def _trace_plan(
-    f: Any,
-    leaves: list[Any],
-    kinds: list[str],
-    treespec: Any,
-    classes: tuple[int, ...],
-    hints: tuple[int, ...],
-    deps: Any,
-) -> Plan | Failure:
-    try:
-        # trace outside any torch.func transform the call runs under
-        with torch._C._DisableFuncTorch(), torch.enable_grad():
-            return trace(f, leaves, kinds, treespec, classes, hints, deps.lifted_ids)
-    except RaggedError:
-        raise
-    except Exception as error:  # data-dependent control flow, unsupported graph, ...
-        first = str(error).splitlines()[0] if str(error) else ""
-        reason = f"tracing failed: {type(error).__name__}: {first}"[:500]
-        return Failure(
-            reason,
-            getattr(error, "specs", None),
-            getattr(error, "pinned", False),
-            getattr(error, "guarded", False),
-            getattr(error, "out_spec", None),
-        )
-
-
-@dataclasses.dataclass
-class Failure:
-    """Why ``f`` could not be traced; ``specs``: the output structure when the trace
-    completed but cannot run batched (an in-place write into an argument, ...)."""
-
-    reason: str
-    specs: list[Any] | None
-    pinned: bool = False
-    guarded: bool = False
-    out_spec: Any = None
 
 
 def _lookup(
@@ -295,15 +144,6 @@ def _lookup(
                 "call so that it is never stale; pass it as an argument (in_dims=None)",
             )
         return variant, lifted, entry, classes
-
-
-def _check_randomness(plans: list[Plan], randomness: str) -> None:
-    if randomness != "error":
-        return
-    for plan in plans:
-        for step in plan.steps:
-            if step.random:
-                raise fail("map", f"f calls the random op {step.op} and randomness='error'")
 
 
 def _map(
@@ -408,231 +248,6 @@ def _map(
         report.fallback = dict(recorder.fallback)
         report.unbatched = dict(recorder.unbatched)
     return out
-
-
-def _whole_loop(
-    f: Any,
-    args: tuple[Any, ...],
-    dims: Any,
-    batch_size: int,
-    variant: Variant | None,
-    reason: str,
-    strict: bool,
-    randomness: str,
-    report: MapReport | None,
-    structure: list[tuple[int, ...]] | None,
-    warn: bool = True,
-) -> Any:
-    if strict:
-        raise fail("map", f"{reason}; strict=True refuses the per-sample loop")
-    if report is not None:
-        report.whole_loop = reason
-    if warn:
-        _warn(variant, f"f runs as a per-sample loop ({reason})")
-    return function_loop(f, args, dims, batch_size, structure, randomness)
-
-
-def _split(
-    f: Any,
-    args: tuple[Any, ...],
-    dims: Any,
-    leaves: list[Any],
-    kinds: list[str],
-    treespec: Any,
-    batch_size: int,
-    device: Any,
-    variant: Variant,
-    lifted: list[Any],
-    classes: tuple[int, ...],
-    first_ok: torch.Tensor,
-    strict: bool,
-    randomness: str,
-    recorder: Recorder | None,
-    report: MapReport | None,
-) -> Any:
-    """Some samples fail the first plan's guards: group samples by the plan they meet
-    (tracing a new plan on a failing sample's sizes, up to ``MAX_PLANS``), run each
-    group batched, the rest per sample, and merge the results in sample order."""
-    remaining = torch.ones(batch_size, dtype=torch.bool, device=device)
-    groups: list[tuple[torch.Tensor, Plan]] = []
-    failed_guards: list[str] = []
-    index = 0
-    while bool(remaining.any()):
-        if index < len(variant.plans):
-            plan = variant.plans[index]
-            ctx, _ = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
-            ok = first_ok if index == 0 else guard_mask(plan, ctx)
-            mine = remaining if ok is None else remaining & ok
-            if ok is not None:
-                failed_guards.extend(
-                    text for text, evaluate in plan.guards if _fails(evaluate, ctx, remaining)
-                )
-            if bool(mine.any()):
-                groups.append((mine.nonzero().flatten(), plan))
-                remaining = remaining & ~mine
-            index += 1
-            continue
-        if len(variant.plans) >= _cache.MAX_PLANS or variant.exhausted is not None:
-            break
-        # trace again with the sizes of the first sample no plan fits (one with
-        # elements first: torch's stride logic can fail on an all-zero example)
-        empty = empty_samples(leaves, kinds, batch_size, device)
-        waiting = remaining & ~empty
-        if not bool(waiting.any()):
-            if variant.no_empty_plan:
-                break
-            waiting = remaining
-        sample = int(waiting.nonzero()[0])
-        hints = _class_hints(_columns(leaves, kinds), classes, sample)
-        with _LOCK:
-            new = _trace_plan(f, leaves, kinds, treespec, classes, hints, variant.deps)
-        if isinstance(new, Failure) or new.unknown:
-            if bool(empty[sample]):
-                variant.no_empty_plan = True  # empty samples run per sample (cheap)
-                break
-            variant.exhausted = (
-                new.reason if isinstance(new, Failure) else "unfollowed captured tensors"
-            )
-            break
-        _check_randomness([new], randomness)
-        variant.plans.append(new)
-    if report is not None:
-        report.guards = [text for p in variant.plans for text, _ in p.guards]
-    loop_index = remaining.nonzero().flatten() if bool(remaining.any()) else None
-    if loop_index is not None:
-        reason = "; ".join(sorted(set(failed_guards))) or "no trace fits these sizes"
-        reason = f"guard {reason} fails for {loop_index.numel()} sample(s)"
-        empty = empty_samples(leaves, kinds, batch_size, device)
-        only_empty = bool(empty[loop_index].all())
-        if strict and not only_empty:
-            raise fail(
-                "map",
-                f"the trace of f holds only under {reason}; strict=True refuses the per-sample loop",
-            )
-        if report is not None:
-            report.whole_loop = reason if not groups else None
-            report.partial_loop = reason
-        if not only_empty:  # samples without elements cost nothing per sample
-            _warn(variant, f"some samples run per sample ({reason})")
-    if not groups:
-        return _whole_loop(
-            f,
-            args,
-            dims,
-            batch_size,
-            variant,
-            reason,
-            False,  # strict refused above unless every sample is empty
-            randomness,
-            None,
-            variant.structure,
-            warn=not only_empty,
-        )
-    flat_parts: list[list[tuple[torch.Tensor, Any]]] = []
-    out_spec = None
-    for sample_index, plan in groups:
-        sub = [
-            take(leaf, sample_index) if kind in ("ragged", "dense") else leaf
-            for leaf, kind in zip(leaves, kinds, strict=True)
-        ]
-        ctx, inputs = make_ctx(plan, sub, int(sample_index.numel()), device, lifted, randomness)
-        # strict=True lets samples without elements run per node: they cost nothing,
-        # and torch's own code often special-cases them (a plan of their own is pinned)
-        only_empty = bool(empty_samples(leaves, kinds, batch_size, device)[sample_index].all())
-        out = run(plan, ctx, inputs, strict and not only_empty, recorder)
-        flat, spec = pytree.tree_flatten(out, is_leaf=is_ragged_leaf)
-        if out_spec is None:
-            out_spec = spec
-        elif spec != out_spec:
-            raise fail(
-                "map",
-                f"f returns different structures for different samples: {out_spec} and {spec}",
-            )
-        flat_parts.append([(sample_index, leaf) for leaf in flat])
-    if loop_index is not None:
-        sub_args = pytree.tree_unflatten(
-            [
-                take(leaf, loop_index) if kind in ("ragged", "dense") else leaf
-                for leaf, kind in zip(leaves, kinds, strict=True)
-            ],
-            treespec,
-        )
-        out = function_loop(
-            f,
-            sub_args,
-            dims,
-            int(loop_index.numel()),
-            variant.structure,
-            randomness,
-            loop_index.tolist(),
-        )
-        flat, spec = pytree.tree_flatten(out, is_leaf=is_ragged_leaf)
-        if spec != out_spec:
-            raise fail(
-                "map",
-                f"f returns different structures for different samples: {out_spec} and {spec}",
-            )
-        flat_parts.append([(loop_index, leaf) for leaf in flat])
-    columns = list(zip(*flat_parts, strict=True))
-    assert out_spec is not None
-    # the output structure is the first plan's (traced on sizes unlike any special
-    # case), so it does not depend on which samples this batch holds
-    shapes = variant.structure or [()] * len(columns)
-    if len(shapes) != len(columns):
-        shapes = [()] * len(columns)
-    return pytree.tree_unflatten(
-        [merge(list(col), batch_size, s) for col, s in zip(columns, shapes, strict=True)],
-        out_spec,
-    )
-
-
-def _restructure(out: Any, variant: Variant, batch_size: int, device: Any) -> Any:
-    flat, spec = pytree.tree_flatten(out, is_leaf=is_ragged_leaf)
-    shapes = variant.structure or []
-    if len(shapes) != len(flat):
-        return out
-    every = torch.arange(batch_size, device=device)
-    return pytree.tree_unflatten(
-        [
-            merge([(every, leaf)], batch_size, s) if _needs_merge(leaf, s) else leaf
-            for leaf, s in zip(flat, shapes, strict=True)
-        ],
-        spec,
-    )
-
-
-def _device_of(leaves: list[Any], kinds: list[str]) -> Any:
-    return next(
-        leaf.values.device if isinstance(leaf, Ragged) else leaf.device
-        for leaf, k in zip(leaves, kinds, strict=True)
-        if k in ("ragged", "dense")
-    )
-
-
-def _needs_merge(leaf: Any, ragged: tuple[int, ...]) -> bool:
-    """Whether a plan's output leaf lacks ragged axes the output structure has."""
-    if not ragged:
-        return False
-    if isinstance(leaf, Ragged):
-        return not set(ragged) <= {p for p, a in enumerate(leaf.layout.axes) if a.ragged}
-    return True
-
-
-def _class_hints(
-    columns: list[torch.Tensor], classes: tuple[int, ...], sample: int
-) -> tuple[int, ...]:
-    """Example sizes per size class: those of ``sample``."""
-    hints = [0] * len(classes)
-    for axis, c in enumerate(classes):
-        hints[c] = int(columns[axis][sample])
-    return tuple(hints)
-
-
-def _fails(evaluate: Any, ctx: Any, among: torch.Tensor) -> bool:
-    ok = evaluate(ctx.env)
-    if isinstance(ok, torch.Tensor):
-        return bool((among & ~ok.bool()).any())
-    return not ok and bool(among.any())
 
 
 def map(

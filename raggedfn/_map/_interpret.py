@@ -100,7 +100,16 @@ def _check_late(plan: Plan, ctx: Ctx, pending: list[int]) -> None:
             raise LateGuardFailed(f"guard {text} on a data-dependent size fails")
 
 
-def run(plan: Plan, ctx: Ctx, inputs: list[Any], strict: bool, recorder: Recorder | None) -> Any:
+def run(
+    plan: Plan,
+    ctx: Ctx,
+    inputs: list[Any],
+    strict: bool,
+    recorder: Recorder | None,
+    quiet: bool = False,
+) -> Any:
+    """Interpret ``plan`` on a batch; ``quiet``: a node that falls back to its per-sample
+    loop does not warn (a group of samples without elements: the loop costs nothing)."""
     values: list[Any] = list(inputs)
     pending = list(range(len(plan.late)))
 
@@ -119,7 +128,7 @@ def run(plan: Plan, ctx: Ctx, inputs: list[Any], strict: bool, recorder: Recorde
             continue
         args = tuple([resolve(a) for a in step.args])
         kwargs = {k: resolve(v) for k, v in step.kwargs.items()} if step.kwargs else {}
-        result = _run_step(ctx, plan, step, args, kwargs, strict, recorder)
+        result = _run_step(ctx, plan, step, args, kwargs, strict, recorder, quiet)
         values.append(result)
         for alias in step.rebind or ():
             values[alias] = result
@@ -144,6 +153,7 @@ def _run_step(
     kwargs: dict[str, Any],
     strict: bool,
     recorder: Recorder | None,
+    quiet: bool = False,
 ) -> Any:
     name = step.op
     out = step.out
@@ -202,7 +212,7 @@ def _run_step(
         )
     if recorder is not None:
         recorder.fallback[name] = reason
-    if (name, reason) not in plan.warned:
+    if not quiet and (name, reason) not in plan.warned:
         plan.warned.add((name, reason))
         warnings.warn(
             f"raggedfn.map: {name} runs as a per-sample loop ({reason})",
