@@ -625,6 +625,8 @@ def run_many(
             summary.warned[w] += 1
         if kind in FAILURES or kind == "refused":
             summary.found.append(Found(index, program, batch, outcome))
+            if progress and kind in FAILURES:  # at once: a long run may be stopped early
+                progress(f"program {index}: {kind}: {outcome.detail[:300]}")
         if progress and (index + 1) % 500 == 0:
             progress(
                 f"{index + 1} programs, {time.perf_counter() - start:.0f} s: "

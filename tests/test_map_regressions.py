@@ -162,6 +162,55 @@ def test_19_per_sample_sizes_restack_to_a_tensor_whatever_their_values(f, length
     assert isinstance(got, torch.Tensor) and got.dtype == torch.int64
 
 
+# ----- issue 19: float32 programs and a group of empty samples ---------------------------
+
+
+def _attention_3d(h):
+    return F.scaled_dot_product_attention(h[None], h[None], h[None], is_causal=True)[0]
+
+
+@pytest.mark.parametrize("lengths", [[1, 4], [3, 0, 5], [4, 4]])
+def test_19_a_three_d_attention_rounds_as_the_loop(lengths):
+    """A sample's 3-d SDPA call runs torch's math kernel (the fused ones take 4-d only):
+    map runs the same kernel, so float32 values and gradients are the loop's, bit for bit
+    (with the fused kernel the gradients differed by ~1e-6, and the random float32
+    programs of test_map_props went past their bound)."""
+
+    def f(h):
+        return _attention_3d(_attention_3d(h).relu())
+
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(sum(lengths), 6, generator=gen).requires_grad_()
+    x = raggedfn.from_lengths(values, torch.tensor(lengths))
+    out = raggedfn.map(f, x, strict=True).values
+    (grad,) = torch.autograd.grad((out * out).sum(), values)
+    want = torch.cat([f(s) for s in raggedfn.unbind(x)])
+    (want_grad,) = torch.autograd.grad((want * want).sum(), values)
+    assert torch.equal(out, want)
+    assert torch.equal(grad, want_grad)
+
+
+def test_19_a_group_of_empty_samples_falls_back_per_node_without_a_warning():
+    """Samples without elements get a plan of their own (a retrace at size 0), where
+    nn.MultiheadAttention's unsqueeze runs per node: that costs nothing, so it neither
+    warns (warnings are errors in the suite) nor counts against strict=True."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
+
+    def f(t):
+        return mha(t[None], t[None], t[None], need_weights=False)[0][0]
+
+    samples = [torch.randn(n, 8, dtype=torch.float64) for n in (3, 0, 5)]
+    x = raggedfn.from_list(samples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = raggedfn.map(f, x)
+        strict = raggedfn.map(f, x, strict=True)
+    want = [f(s) for s in samples]
+    assert_restacked(got, want)
+    assert_restacked(strict, want)
+
+
 # ----- issue 19: the 20,000-program run of this session -----------------------------------
 
 

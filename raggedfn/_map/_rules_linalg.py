@@ -197,7 +197,14 @@ def _pair_matmul(
 USE_RAGGED_ATTENTION = True
 
 
-def _via_attention(q: RaggedB, k: RaggedB, v: RaggedB, causal: bool, scale: Any, step: Any) -> Any:
+def _via_attention(
+    q: RaggedB, k: RaggedB, v: RaggedB, causal: bool, scale: Any, step: Any, rank: int
+) -> Any:
+    """``raggedfn.attention`` on the packed samples. ``rank``: of the per-sample call.
+    torch's fused kernels take 4-d inputs only, so a sample's 3-d call runs the math
+    kernel: so does the batched call then, which gives the loop's roundings."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from .._ragged import Ragged
     from ..ops._attention import attention
 
@@ -206,7 +213,11 @@ def _via_attention(q: RaggedB, k: RaggedB, v: RaggedB, causal: bool, scale: Any,
         values = x.values.reshape(x.values.shape[0], heads, x.values.shape[-1])
         return Ragged(values, x.struct.offsets, x.struct.sizes, Layout.standard(1, 2))
 
-    out = attention(tokens(q), tokens(k), tokens(v), causal=causal, scale=scale)
+    if rank == 4:
+        out = attention(tokens(q), tokens(k), tokens(v), causal=causal, scale=scale)
+    else:
+        with sdpa_kernel(SDPBackend.MATH):
+            out = attention(tokens(q), tokens(k), tokens(v), causal=causal, scale=scale)
     values = out.values.reshape((*q.values.shape[:-1], v.values.shape[-1]))
     return RaggedB(values.to(step.out.dtype), q.layout, q.sz, q.struct)
 
@@ -277,7 +288,7 @@ def sdpa_rule(
         raise Unsupported("attention with fixed-size operands")
     q, k, v = (canonicalize(ctx, t) for t in (q, k, v))
     if USE_RAGGED_ATTENTION and not torch.compiler.is_compiling() and attn_mask is None:
-        return _via_attention(q, k, v, is_causal, scale, step)
+        return _via_attention(q, k, v, is_causal, scale, step, len(shape_q))
     pairs = ctx.struct((lq, lk))
     segments = pairs.segments()
     i, j = pairs.coords()
