@@ -78,6 +78,50 @@ def _fill_made_inside(ctx: Any) -> None:
         tx.symbolic_locals["out"] = ConstantVariable.create(True)
 
 
+def _realize_static(ctx: Any) -> None:
+    from torch._dynamo.variables import BaseListVariable, ConstDictVariable
+    from torch._dynamo.variables.lazy import LazyVariableTracker
+
+    def realize(var: Any, depth: int) -> None:
+        if issubclass(type(var), LazyVariableTracker):
+            if var.is_realized():
+                var = var.unwrap()
+            elif var.peek_type() is float:
+                with torch._dynamo.config.patch(specialize_float=True):
+                    var.realize()
+                return
+            elif var.peek_type() in (tuple, list, dict) and depth < 3:
+                var = var.realize()
+            else:
+                return
+        if depth >= 3:
+            return
+        if isinstance(var, BaseListVariable):
+            for item in var.items:
+                realize(item, depth + 1)
+        elif isinstance(var, ConstDictVariable):
+            for item in var.items.values():
+                realize(item, depth + 1)
+
+    tx = ctx._i_will_not_complain_if_bc_breaks_InstructionTranslator()
+    realize(tx.symbolic_locals.get("value"), 0)
+
+
+def static(value: Any) -> Any:
+    """``value`` (a Python float read from user state or from a plan, or a tuple, list or
+    dict holding such floats), read by dynamo as constants guarded by their value.
+
+    Under ``dynamic=True`` dynamo turns every float it reads from an object into a
+    graph input (a symbolic float); the first comparison or branch on it specialises
+    it, and its tensorify pass then restarts the analysis of the whole frame, one
+    restart for every few floats (a BERT through ``map``: 8 restarts of a 15 s
+    trace). Realising the value here with dynamo's ``specialize_float`` makes it a
+    constant from the start: one analysis, and a value guard as for any constant."""
+    if torch.compiler.is_compiling():
+        comptime(_realize_static)
+    return value
+
+
 def made_inside(f: Any) -> bool:
     """Whether dynamo made ``f`` in the compiled region with values only it knows."""
     if not torch.compiler.is_compiling():
@@ -366,4 +410,4 @@ def compiled_map(
     return run(plan, ctx, inputs, False, None)
 
 
-__all__ = ["cell", "compiled_map", "global_of"]
+__all__ = ["cell", "compiled_map", "global_of", "static"]

@@ -206,9 +206,9 @@ class Deps:
         )
         namespace = dict(self.names)
         if compiled:
-            from ._compiled import cell, global_of
+            from ._compiled import cell, global_of, static
 
-            namespace.update(_cell=cell, _global=global_of)
+            namespace.update(_cell=cell, _global=global_of, _static=static)
         exec(compile(source, "<raggedfn.map guards>", "exec"), namespace)
         return namespace["check"], source
 
@@ -219,9 +219,14 @@ _ACCESSOR = re.compile(r"^(v\d+) = (\w+)@(CELL|GLOBAL)\((.*)\)$")
 _EAGER = "#eager "
 
 
+_COMPILED = "#compiled "
+
+
 def _accessors(line: str, compiled: bool) -> str:
     if line.startswith(_EAGER):
         return "pass" if compiled else line[len(_EAGER) :]
+    if line.startswith(_COMPILED):
+        return line[len(_COMPILED) :] if compiled else "pass"
     match = _ACCESSOR.match(line)
     if match is None:
         return line
@@ -273,10 +278,18 @@ class _Walker:
     def _equal(self, var: str, value: Any) -> None:
         deps = self.deps
         t = deps.const(type(value))
-        k = deps.const(value)
+        if type(value) in (bool, int, str) or (type(value) is float and math.isfinite(value)):
+            # a literal: dynamo reads a number in a global as a graph input under
+            # dynamic=True (a float there restarts the analysis, see _compiled.static)
+            k = repr(value)
+        else:
+            k = deps.const(value)
         if isinstance(value, float) and math.isnan(value):
             deps.require(f"type({var}) is {t} and _isnan({var})")
         else:
+            if isinstance(value, float):
+                # compiled: a constant to dynamo, not a graph input (see _compiled.static)
+                deps.lines.append(f"{_COMPILED}{var} = _static({var})")
             deps.require(f"type({var}) is {t} and {var} == {k}")
 
     def _tensor(self, var: str, value: Tensor, path: str) -> None:

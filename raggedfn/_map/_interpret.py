@@ -18,6 +18,7 @@ from . import (  # noqa: F401
     _rules_select,
     _rules_shape,
 )
+from ._compiled import static
 from ._fallback import node_loop, to_output
 from ._sizes import Sz, Unsupported, product_key
 from ._trace import Plan, Ref, Step
@@ -112,6 +113,7 @@ def run(
     loop does not warn (a group of samples without elements: the loop costs nothing)."""
     values: list[Any] = list(inputs)
     pending = list(range(len(plan.late)))
+    compiling = torch.compiler.is_compiling()
 
     def resolve(a: Any) -> Any:
         if isinstance(a, Ref):
@@ -126,6 +128,9 @@ def run(
         if step.slot is not None:  # a captured tensor, read afresh at this call
             values.append(ctx.lifted[step.slot])
             continue
+        if compiling:  # the plan's floats: constants of the graph, not graph inputs
+            static(step.args)
+            static(step.kwargs)
         args = tuple([resolve(a) for a in step.args])
         kwargs = {k: resolve(v) for k, v in step.kwargs.items()} if step.kwargs else {}
         result = _run_step(ctx, plan, step, args, kwargs, strict, recorder, quiet)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._layout import Axis, Layout
+from .._prims._forward import compiled_transform
 from ._registry import rule
 from ._rules_reduce import segment
 from ._sizes import Sz, Unsupported
@@ -191,9 +192,11 @@ def _pair_matmul(
 # ----- attention ------------------------------------------------------------------------
 
 
-# Eager runs use raggedfn.attention (length-bucketed SDPA, fast); compiled runs
-# and explicit masks use the packed (query, key) pair formulation below, which has
-# no host sync but holds every pair's product in memory.
+# Eager and compiled runs use raggedfn.attention (eagerly length-bucketed SDPA;
+# compiled, one custom-op node: the fused kernel per sample with its own backward).
+# Explicit masks, and compiled code under a torch.func transform (which the custom
+# op cannot enter), use the packed (query, key) pair formulation below: no host sync,
+# but every pair's product is held in memory.
 USE_RAGGED_ATTENTION = True
 
 
@@ -213,7 +216,7 @@ def _via_attention(
         values = x.values.reshape(x.values.shape[0], heads, x.values.shape[-1])
         return Ragged(values, x.struct.offsets, x.struct.sizes, Layout.standard(1, 2))
 
-    if rank == 4:
+    if rank == 4 or torch.compiler.is_compiling():  # compiled: the varlen op's kernel
         out = attention(tokens(q), tokens(k), tokens(v), causal=causal, scale=scale)
     else:
         with sdpa_kernel(SDPBackend.MATH):
@@ -262,7 +265,7 @@ def sdpa_rule(
     k: Any,
     v: Any,
     attn_mask: Any = None,
-    dropout_p: float = 0.0,
+    dropout_p: float | None = None,  # None: 0.0 (a float default costs a restart)
     is_causal: bool = False,
     scale: Any = None,
     enable_gqa: bool = False,
@@ -287,7 +290,7 @@ def sdpa_rule(
     if not all(isinstance(t, RaggedB) for t in (q, k, v)):
         raise Unsupported("attention with fixed-size operands")
     q, k, v = (canonicalize(ctx, t) for t in (q, k, v))
-    if USE_RAGGED_ATTENTION and not torch.compiler.is_compiling() and attn_mask is None:
+    if USE_RAGGED_ATTENTION and attn_mask is None and not compiled_transform():
         return _via_attention(q, k, v, is_causal, scale, step, len(shape_q))
     pairs = ctx.struct((lq, lk))
     segments = pairs.segments()
@@ -397,10 +400,13 @@ def group_norm_rule(
     groups: int,
     weight: Any = None,
     bias: Any = None,
-    eps: float = 1e-5,
+    eps: float | None = None,
     cudnn_enabled: bool = True,
 ) -> Any:
     """``group_norm`` of one sample ``(N, C, *spatial)`` whose spatial axes are ragged."""
+    # float defaults are None: under dynamic=True dynamo reads a float default as a
+    # graph input and restarts the frame analysis on it (see _compiled.static)
+    eps = 1e-5 if eps is None else eps
     if is_batched(weight) or is_batched(bias) or not isinstance(x, RaggedB):
         raise Unsupported("a per-sample weight")
     shape = x.shape()
