@@ -16,6 +16,13 @@ Systems, each checked against ``padded`` before timing:
 - ``map+ids``: the same with ``position_ids`` and ``token_type_ids`` passed in
   (``raggedfn.positions``, zeros), which avoids the two ops that map still runs
   per sample for BERT (the position-buffer slice and the token-type gather).
+- with ``--compiled`` (default), each of them also under
+  ``torch.compile(fullgraph=True)`` (inductor, static shapes: one batch): ``padded
+  compiled`` compiles HF's batched call, ``map compiled`` / ``map+ids compiled`` a
+  function of the packed ids (``values``, ``offsets``, ``sizes``) and the parameters
+  that calls ``raggedfn.map``; the backward runs through the compiled graph's own
+  backward. The first call's seconds (dynamo + AOTAutograd + inductor, forward
+  and backward) are recorded as ``compile_seconds``.
 - HF's padding-free path (``DataCollatorWithFlattening`` + packed ``position_ids``)
   is checked but not timed when it is wrong: in this transformers version only
   ``create_causal_mask`` (decoders) reads packed ``position_ids``; BERT's
@@ -27,8 +34,8 @@ Each round runs every system once, back to back, in this process; the speedup is
 the median of the per-round ratios to ``padded``. One thread by default.
 
 Run: ``python -m benchmarks.hf_bert [--layers 2] [--batch 8] [--max-len 256]
-[--rounds 5] [--threads 1]``; prints a markdown table (and ``--json PATH`` writes
-the record).
+[--rounds 5] [--threads 1] [--no-compiled]``; prints a markdown table (and ``--json
+PATH`` writes the record).
 """
 
 from __future__ import annotations
@@ -112,6 +119,44 @@ def systems(model: Any, ids: Tensor, mask: Tensor) -> dict[str, Callable[[], Ten
     return {"padded": padded, "map": mapped, "map+ids": mapped_ids}
 
 
+def compiled_systems(
+    model: Any, ids: Tensor, mask: Tensor, backend: str = "inductor"
+) -> dict[str, Callable[[], Tensor]]:
+    """The same systems under ``torch.compile(fullgraph=True)`` (inductor by default)."""
+    params = dict(model.named_parameters())
+    tokens = raggedfn.from_padded(ids, mask=mask)
+    layout = tokens.layout
+
+    def one(t: Tensor, p: dict[str, Tensor]) -> Tensor:
+        return torch.func.functional_call(model, p, (t[None],)).last_hidden_state[0]
+
+    def one_with_ids(t: Tensor, pos: Tensor, p: dict[str, Tensor]) -> Tensor:
+        kwargs = {"position_ids": pos[None], "token_type_ids": torch.zeros_like(t)[None]}
+        return torch.func.functional_call(model, p, (t[None],), kwargs).last_hidden_state[0]
+
+    def padded(ids: Tensor, mask: Tensor) -> Tensor:
+        return model(input_ids=ids, attention_mask=mask).last_hidden_state[mask.bool()]
+
+    def mapped(values: Tensor, offsets: Tensor, sizes: Tensor, p: dict[str, Tensor]) -> Tensor:
+        x = raggedfn.Ragged(values, offsets, sizes, layout)
+        return raggedfn.map(one, x, p, in_dims=(0, None)).values
+
+    def mapped_ids(values: Tensor, offsets: Tensor, sizes: Tensor, p: dict[str, Tensor]) -> Tensor:
+        x = raggedfn.Ragged(values, offsets, sizes, layout)
+        pos = raggedfn.positions(x)
+        return raggedfn.map(one_with_ids, x, pos, p, in_dims=(0, 0, None)).values
+
+    fields = (tokens.values, tokens.offsets, tokens.sizes)
+    padded_c = torch.compile(padded, fullgraph=True, backend=backend)
+    mapped_c = torch.compile(mapped, fullgraph=True, backend=backend)
+    mapped_ids_c = torch.compile(mapped_ids, fullgraph=True, backend=backend)
+    return {
+        "padded compiled": lambda: padded_c(ids, mask),
+        "map compiled": lambda: mapped_c(*fields, params),
+        "map+ids compiled": lambda: mapped_ids_c(*fields, params),
+    }
+
+
 def hf_packed_error(model: Any, ids: Tensor, mask: Tensor) -> float:
     """Largest difference of HF's padding-free path (flattening collator) to ``padded``."""
     from transformers import DataCollatorWithFlattening
@@ -147,9 +192,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ids, mask = make_batch(lengths)
     model = make_model(args.layers, args.hidden, args.heads)
     fns = systems(model, ids, mask)
+    compile_seconds: dict[str, float] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # map's per-sample fallback warns once
-        check_agreement(fns)
+        check_agreement(fns)  # (and traces map's per-sample functions eagerly)
+        if args.compiled:
+            torch._dynamo.reset()
+            compiled = compiled_systems(model, ids, mask)
+            cotangent = torch.randn(int(lengths.sum()), model.config.hidden_size)
+            for name, fn in compiled.items():  # first call: compile forward and backward
+                compile_seconds[name] = step(model, fn, cotangent)
+            check_agreement({"padded": fns["padded"], **compiled})
+            fns.update(compiled)
         report = raggedfn.map_report(
             lambda t, p: torch.func.functional_call(model, p, (t[None],)).last_hidden_state[0],
             raggedfn.from_padded(ids, mask=mask),
@@ -172,11 +226,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             step(model, fn, cotangent)
         times: dict[str, list[float]] = {name: [] for name in fns}
         ratios: dict[str, list[float]] = {name: [] for name in fns}
+        eager_ratios: dict[str, list[float]] = {n: [] for n in fns if n.endswith(" compiled")}
         for _ in range(args.rounds):
             row = {name: step(model, fn, cotangent) for name, fn in fns.items()}
             for name, seconds in row.items():
                 times[name].append(seconds)
                 ratios[name].append(row["padded"] / seconds)
+                if name.endswith(" compiled"):
+                    eager_ratios[name].append(row[name[: -len(" compiled")]] / seconds)
     occupancy = float(lengths.sum()) / (args.batch * int(lengths.max()))
     pairs = float((lengths.double() ** 2).sum()) / (args.batch * int(lengths.max()) ** 2)
     return {
@@ -196,8 +253,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "map_fallback": sorted(report.fallback),
         "map_ids_fallback": sorted(report_ids.fallback),
         "hf_packed_max_error": packed_error,
+        "compile_seconds": compile_seconds,
         "median_ms": {name: statistics.median(t) * 1e3 for name, t in times.items()},
         "speedup": {name: statistics.median(r) for name, r in ratios.items()},
+        # each compiled system over the same system eager (median of per-round ratios)
+        "compiled_over_eager": {n: statistics.median(r) for n, r in eager_ratios.items()},
     }
 
 
@@ -215,6 +275,12 @@ def markdown(record: dict[str, Any]) -> str:
     ]
     for name, ms in record["median_ms"].items():
         lines.append(f"| {name} | {ms:.0f} | {record['speedup'][name]:.2f}x |")
+    if record.get("compiled_over_eager"):
+        over = ", ".join(f"{k} {v:.2f}x" for k, v in record["compiled_over_eager"].items())
+        lines += ["", f"compiled over the same system eager: {over}"]
+    if record.get("compile_seconds"):
+        first = ", ".join(f"{k} {v:.0f} s" for k, v in record["compile_seconds"].items())
+        lines += ["", f"first call (compile, forward and backward): {first}"]
     lines += [
         "",
         f"ideal (real / padded tokens): {1 / record['occupancy_tokens']:.2f}x for the "
@@ -236,6 +302,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--compiled",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time each system under torch.compile(fullgraph=True)",
+    )
     parser.add_argument("--json", help="write the record here")
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else []

@@ -12,7 +12,7 @@ from benchmarks import hf_bert
 
 def test_prints_a_row_per_system_and_the_packed_path_error(capsys):
     args = ["--layers", "1", "--hidden", "32", "--heads", "4", "--batch", "3"]
-    record = hf_bert.main([*args, "--max-len", "16", "--rounds", "1"])
+    record = hf_bert.main([*args, "--max-len", "16", "--rounds", "1", "--no-compiled"])
     out = capsys.readouterr().out
     for name in ("padded", "map", "map+ids"):
         assert f"| {name} |" in out, out
@@ -36,3 +36,23 @@ def test_agreement_check_catches_a_wrong_system():
     fns["map"] = lambda: want + 1e-2
     with pytest.raises(AssertionError):
         hf_bert.check_agreement(fns)
+
+
+def test_compiled_systems_equal_the_padded_model():
+    # aot_eager: the compiled graphs and their backward without inductor's codegen
+    model = hf_bert.make_model(1, hidden=32, heads=4)
+    ids, mask = hf_bert.make_batch(torch.tensor([16, 5, 9]))
+    want = hf_bert.systems(model, ids, mask)["padded"]
+    hf_bert.systems(model, ids, mask)["map+ids"]()  # map traces eagerly first
+    hf_bert.systems(model, ids, mask)["map"]()
+    compiled = hf_bert.compiled_systems(model, ids, mask, backend="aot_eager")
+    assert list(compiled) == ["padded compiled", "map compiled", "map+ids compiled"]
+    hf_bert.check_agreement({"padded": want, **compiled})
+    cotangent = torch.randn(30, 32)
+    grads = {}
+    for name, fn in {"padded": want, **compiled}.items():
+        hf_bert.step(model, fn, cotangent)
+        grads[name] = [p.grad.clone() for p in model.parameters()]
+    for name in compiled:
+        for got, expected in zip(grads[name], grads["padded"], strict=True):
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
