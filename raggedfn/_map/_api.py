@@ -13,6 +13,7 @@ from .._errors import RaggedPerformanceWarning, describe, fail
 from .._ragged import Ragged
 from . import _cache
 from ._cache import CacheInfo, Variant
+from ._chunks import check_chunk_elements, group_bounds, run_in_groups, sample_costs, slice_leaves
 from ._compiled import compiled_map
 from ._groups import (
     _check_randomness,
@@ -153,7 +154,9 @@ def _map(
     strict: bool,
     randomness: str,
     report: MapReport | None,
+    chunk_elements: int | None = None,
 ) -> Any:
+    chunk_elements = check_chunk_elements(chunk_elements)
     if randomness not in _RANDOMNESS:
         raise fail("map", f"randomness must be one of {_RANDOMNESS}, got {randomness!r}")
     if tracing():
@@ -210,7 +213,18 @@ def _map(
     ok = guard_mask(plan, ctx)
     try:
         if ok is None:  # every sample meets the guards: the common case, no split
-            out = run(plan, ctx, inputs, strict, recorder)
+            out = _run_chunked(
+                plan,
+                ctx,
+                inputs,
+                leaves,
+                kinds,
+                lifted,
+                chunk_elements,
+                strict,
+                randomness,
+                recorder,
+            )
             if plan.pinned or plan.guards:
                 # fixed sizes of a trace under guards become ragged where f's are
                 out = _restructure(out, variant, batch_size, device)
@@ -250,12 +264,49 @@ def _map(
     return out
 
 
+def _run_chunked(
+    plan: Any,
+    ctx: Any,
+    inputs: list[Any],
+    leaves: list[Any],
+    kinds: list[str],
+    lifted: list[Any],
+    budget: int,
+    strict: bool,
+    randomness: str,
+    recorder: Recorder | None,
+) -> Any:
+    """``run`` on the whole batch, or on groups of consecutive samples whose largest
+    intermediate stays within ``budget`` elements (see :mod:`._chunks`)."""
+    bounds = None
+    if budget and ctx.batch_size > 1:
+        costs = sample_costs(plan, ctx.env, ctx.batch_size)
+        if costs is not None:
+            per_sample = costs.tolist()  # one host sync
+            if sum(per_sample) > budget:
+                bounds = group_bounds(per_sample, budget)
+    if bounds is None or len(bounds) == 1:
+        return run(plan, ctx, inputs, strict, recorder)
+    rows = [
+        leaf.offsets.tolist() if k == "ragged" else None
+        for leaf, k in zip(leaves, kinds, strict=True)
+    ]
+
+    def run_group(start: int, stop: int) -> Any:
+        part = slice_leaves(leaves, kinds, rows, start, stop)
+        group_ctx, group_inputs = make_ctx(plan, part, stop - start, ctx.device, lifted, randomness)
+        return run(plan, group_ctx, group_inputs, strict, recorder)
+
+    return run_in_groups(bounds, run_group)
+
+
 def map(
     f: Callable[..., Any],
     *args: Any,
     in_dims: Any = 0,
     strict: bool = False,
     randomness: str = "different",
+    chunk_elements: int | None = None,
 ) -> Any:
     """Run the per-sample function ``f`` over a batch, as one batched computation.
 
@@ -280,6 +331,12 @@ def map(
         randomness: as in ``torch.func.vmap``: ``"different"`` (random ops draw
             independently for every sample, like the loop), ``"same"`` (one draw
             shared by all samples; refused for ragged shapes) or ``"error"``.
+        chunk_elements: run the batch in groups of consecutive samples whose largest
+            intermediate holds at most this many elements (cache-sized pieces: the
+            loop's locality, the batch's low overhead), joined in sample order;
+            ``None`` for the default budget (about 1M elements), 0 for the whole
+            batch at once. Results and gradients are the same either way. Not used
+            inside ``torch.compile``.
 
     Returns:
         The outputs of ``f`` for all samples, with ``f``'s pytree structure.
@@ -301,7 +358,7 @@ def map(
         >>> y.shape
         torch.Size([2, 5])
     """
-    return _map(f, args, in_dims, strict, randomness, None)
+    return _map(f, args, in_dims, strict, randomness, None, chunk_elements)
 
 
 def map_report(

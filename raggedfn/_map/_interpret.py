@@ -101,6 +101,46 @@ def _check_late(plan: Plan, ctx: Ctx, pending: list[int]) -> None:
             raise LateGuardFailed(f"guard {text} on a data-dependent size fails")
 
 
+def _refs(a: Any, out: set[int]) -> None:
+    if isinstance(a, Ref):
+        out.add(a.index)
+    elif isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+        for v in a:
+            _refs(v, out)
+    elif isinstance(a, dict):
+        for v in a.values():
+            _refs(v, out)
+
+
+def last_uses(plan: Plan, count: int) -> list[tuple[int, ...]]:
+    """For each step of ``plan`` (run with ``count`` inputs): the values no later step
+    reads, released once it has run so that a packed intermediate (``sum N_i^2 x 4C``
+    floats of a pair state) lives only as long as the loop's would. Outputs and values
+    that an in-place op rebinds are kept. Computed once per plan."""
+    cached = getattr(plan, "_last_uses", None)
+    if cached is not None and cached[0] == count:
+        return cached[1]
+    keep: set[int] = set()
+    for o in plan.outputs:
+        _refs(o, keep)
+    for step in plan.steps:
+        keep.update(step.rebind or ())
+    last: dict[int, int] = {}
+    for k, step in enumerate(plan.steps):
+        read: set[int] = set()
+        _refs(step.args, read)
+        _refs(step.kwargs, read)
+        for index in read:
+            last[index] = k
+    frees: list[list[int]] = [[] for _ in plan.steps]
+    for index, k in last.items():
+        if index not in keep:
+            frees[k].append(index)
+    out = [tuple(f) for f in frees]
+    plan._last_uses = (count, out)  # type: ignore[attr-defined]
+    return out
+
+
 def run(
     plan: Plan,
     ctx: Ctx,
@@ -114,6 +154,7 @@ def run(
     values: list[Any] = list(inputs)
     pending = list(range(len(plan.late)))
     compiling = torch.compiler.is_compiling()
+    frees = last_uses(plan, len(inputs))
 
     def resolve(a: Any) -> Any:
         if isinstance(a, Ref):
@@ -124,7 +165,7 @@ def run(
             return {k: resolve(v) for k, v in a.items()}
         return a
 
-    for step in plan.steps:
+    for k, step in enumerate(plan.steps):
         if step.slot is not None:  # a captured tensor, read afresh at this call
             values.append(ctx.lifted[step.slot])
             continue
@@ -144,6 +185,8 @@ def run(
                 )
         if step.defines and pending:
             _check_late(plan, ctx, pending)
+        for index in frees[k]:
+            values[index] = None
     if pending:
         raise LateGuardFailed(f"guard {plan.late[pending[0]][0]} could not be checked")
     flat = [to_output(ctx, resolve(o)) for o in plan.outputs]

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .._layout import Axis, Layout
 from .._prims._forward import compiled_transform
+from .._ragged import Ragged
 from ._registry import rule
 from ._rules_reduce import segment
 from ._sizes import Sz, Unsupported
@@ -28,6 +29,7 @@ from ._values import (
     num_dense_of,
     struct_rows,
     sz_in_storage_order,
+    take_rows,
 )
 
 aten = torch.ops.aten
@@ -138,6 +140,15 @@ def _pair_matmul(
     if any(isinstance(s, Sz) for s in (*lead_a, *lead_b)):
         raise Unsupported("matmul with ragged batch axes")
     m, k, n = shape_a[-2], shape_a[-1], shape_b[-1]
+    if (
+        isinstance(k, Sz)
+        and isinstance(a, RaggedB)
+        and isinstance(b, RaggedB)
+        and not lead_a
+        and not lead_b
+        and not torch.compiler.is_compiling()
+    ):
+        return _ragged_contraction(ctx, step, a, b)
     labels = {"m": m, "k": k, "n": n}
     ragged = [name for name in ("m", "k", "n") if isinstance(labels[name], Sz)]
     if not ragged:
@@ -156,12 +167,12 @@ def _pair_matmul(
                 coords[cols_label] if isinstance(shape[-1], Sz) else None,
             ]
             rows = struct_rows(x.struct, segments, [c for c in picks if c is not None])
-            t = x.values[rows]
+            t = take_rows(x.values, rows)
             full = [t.shape[0], *shape[:-2]]
             full += [1 if isinstance(s, Sz) else s for s in shape[-2:]]
             t = t.reshape(full)
         elif isinstance(x, DenseB):
-            t = x.data[segments]
+            t = take_rows(x.data, segments)
         else:
             t = x.unsqueeze(0)
         return t.reshape(t.shape[0], *([1] * (len(lead) - (t.ndim - 3))), *t.shape[1:])
@@ -187,6 +198,29 @@ def _pair_matmul(
     struct = ctx.struct(sz)
     values = product.reshape(product.shape[0], *dense_shape(out_shape, layout))
     return RaggedB(values, layout, sz, struct)
+
+
+def _ragged_contraction(ctx: Ctx, step: Any, a: RaggedB, b: RaggedB) -> Any:
+    """``a @ b`` contracting a ragged axis (``softmax(scores) @ v``): through
+    ``raggedfn.matmul`` (per-sample or length-bucketed dense products), not the
+    packed ``(m, k, n)`` enumeration, which holds a row per (i, j) pair and reduces
+    it with a segment sum (memory-bound, ~3x slower on pair states)."""
+    from ..ops._products import matmul
+
+    def ragged(x: RaggedB) -> Ragged:
+        x = canonicalize(ctx, x)
+        return Ragged._make(x.values, x.struct.offsets, x.struct.sizes, x.layout)
+
+    out = matmul(ragged(a), ragged(b))
+    out_shape = step.out.shape
+    positions = tuple(p for p, s in enumerate(out_shape) if isinstance(s, Sz))
+    if not isinstance(out, Ragged):
+        return DenseB(out.reshape(ctx.batch_size, *out_shape))
+    layout = canonical_layout(len(out_shape), positions)
+    if out.layout != layout:
+        raise Unsupported("a product whose result is not in canonical layout")
+    sz = sz_in_storage_order(out_shape, layout)
+    return RaggedB(out.values.to(step.out.dtype), layout, sz, ctx.struct(sz))
 
 
 # ----- attention ------------------------------------------------------------------------
@@ -298,7 +332,7 @@ def sdpa_rule(
     rows_q = struct_rows(q.struct, segments, [i])
     rows_k = struct_rows(k.struct, segments, [j])
     # values: [T, *lead, E]; scores: [P, *lead]
-    scores = (q.values[rows_q] * k.values[rows_k]).sum(-1)
+    scores = (take_rows(q.values, rows_q) * take_rows(k.values, rows_k)).sum(-1)
     scale = 1.0 / math.sqrt(q.values.shape[-1]) if scale is None else scale
     scores = scores * scale
     if is_causal:
@@ -319,11 +353,14 @@ def sdpa_rule(
     query_rows = struct_rows(q.struct, segments, [i])
     peak = segment(scores.detach(), query_rows, q.struct.total, "amax")
     peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
-    weights = (scores - peak[query_rows]).exp()
+    weights = (scores - take_rows(peak, query_rows)).exp()
     total = segment(weights, query_rows, q.struct.total, "sum")
     # a query whose keys are all masked gets zeros, as torch's SDPA (_safe_softmax)
-    weights = torch.where(total[query_rows] == 0, 0.0, weights / total[query_rows])
-    out = segment(weights.unsqueeze(-1) * v.values[rows_k], query_rows, q.struct.total, "sum")
+    total_q = take_rows(total, query_rows)
+    weights = torch.where(total_q == 0, 0.0, weights / total_q)
+    out = segment(
+        weights.unsqueeze(-1) * take_rows(v.values, rows_k), query_rows, q.struct.total, "sum"
+    )
     return RaggedB(out.to(step.out.dtype), q.layout, q.sz, q.struct)
 
 
@@ -361,10 +398,12 @@ def einsum_rule(ctx: Ctx, step: Any, equation: str, tensors: Any, path: Any = No
         if isinstance(t, RaggedB):
             t = canonicalize(ctx, t)
             own = [label for label in sub if label in coords]
-            operands.append(t.values[struct_rows(t.struct, segments, [coords[lb] for lb in own])])
+            operands.append(
+                take_rows(t.values, struct_rows(t.struct, segments, [coords[lb] for lb in own]))
+            )
             subs.append(row + "".join(label for label in sub if label not in coords))
         elif isinstance(t, DenseB):
-            operands.append(t.data[segments])
+            operands.append(take_rows(t.data, segments))
             subs.append(row + sub)
         elif isinstance(t, Tensor):
             operands.append(t)

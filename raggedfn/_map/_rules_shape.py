@@ -29,6 +29,7 @@ from ._values import (
     num_ragged_of,
     struct_rows,
     sz_in_storage_order,
+    take_rows,
 )
 
 aten = torch.ops.aten
@@ -225,7 +226,7 @@ def _take(ctx: Ctx, x: RaggedB, dim: int, out_shape: tuple[Any, ...], index_of: 
             coords.append(index_of(next(it) if keeps_axis else None, segments, size))
         else:
             coords.append(next(it))
-    values = x.values[struct_rows(x.struct, segments, coords)]
+    values = take_rows(x.values, struct_rows(x.struct, segments, coords))
     if struct is None:
         return DenseB(values.reshape(ctx.batch_size, *out_shape))
     return RaggedB(

@@ -201,6 +201,15 @@ class Ctx:
 # ----- rows and alignment ---------------------------------------------------------
 
 
+def take_rows(values: Tensor, rows: Tensor) -> Tensor:
+    """``values[rows]``: for a 1-D ``rows`` one ``index_select``, several times faster
+    than advanced indexing on CPU, and its backward is an ``index_add`` rather than
+    the sorting ``index_put`` of ``values[rows]``."""
+    if rows.ndim == 1:
+        return values.index_select(0, rows)
+    return values[rows]
+
+
 def rows_of(x: RaggedB, segments: Tensor, coords: list[Any]) -> Tensor:
     """Packed row of ``x`` at sample ``segments`` and ragged coordinates ``coords`` (k order)."""
     return struct_rows(x.struct, segments, coords)
@@ -211,8 +220,8 @@ def struct_rows(struct: Struct, segments: Tensor, coords: list[Any]) -> Tensor:
     sizes = struct.sizes
     row = None
     for k, c in enumerate(coords):
-        row = c if row is None else row * sizes[segments, k] + c
-    start = struct.offsets[segments]
+        row = c if row is None else row * take_rows(sizes[:, k], segments) + c
+    start = take_rows(struct.offsets, segments)
     return start if row is None else start + row
 
 
@@ -245,7 +254,7 @@ def canonicalize(ctx: Ctx, x: RaggedB) -> RaggedB:
         coords: list[Any] = [None] * len(ragged_order)
         for new_k, old_k in enumerate(ragged_order):
             coords[old_k] = out_coords[new_k]
-        values = values[rows_of(x, struct.segments(), coords)]
+        values = take_rows(values, rows_of(x, struct.segments(), coords))
     if dense_order != sorted(dense_order):
         values = values.permute(0, *(1 + j for j in dense_order))
     return RaggedB(values, target, sz, struct)
@@ -357,10 +366,12 @@ def _align_ragged(
     if not same_struct:
         out_coords = struct.coords()
         if len(coords) == 0:
-            values = values[struct.segments()]  # a ragged value without ragged axes: never
+            values = take_rows(
+                values, struct.segments()
+            )  # a ragged value without ragged axes: never
         else:
             rows = rows_of(x, struct.segments(), [out_coords[c] for c in coords])
-            values = values[rows]
+            values = take_rows(values, rows)
     # dense axes of x: values dim 1 + j sits at logical position q + shift
     have_pos = [q + shift for q in xinfo.dense_pos]
     # dense axes of x at ragged result positions have size 1: drop them

@@ -1,0 +1,202 @@
+"""raggedfn.map on pair states: groups of samples (chunk_elements), ragged contractions
+through raggedfn.matmul, index_select gathers, values released after their last use.
+Every result is compared with the per-sample loop, values and gradients, float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import raggedfn
+from property_tests.reference import assert_same, loop
+from raggedfn import RaggedError
+from raggedfn._map import _api, _interpret
+from raggedfn._map._chunks import group_bounds
+
+C = 4
+LENGTHS = (3, 0, 5, 1, 7, 2, 6, 4)
+
+
+def tokens(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return raggedfn.from_list(
+        [torch.randn(n, C, generator=gen, dtype=torch.float64) for n in lengths]
+    )
+
+
+def params(seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(4 * C, C, generator=gen, dtype=torch.float64) / 2,
+        torch.randn(4 * C, generator=gen, dtype=torch.float64),
+        torch.randn(C, 4 * C, generator=gen, dtype=torch.float64) / 4,
+        torch.randn(C, generator=gen, dtype=torch.float64),
+    ]
+
+
+def block(s, w1, b1, w2, b2):
+    p = s[:, None] + s[None]
+    p = p + F.linear(F.gelu(F.linear(p, w1, b1)), w2, b2)
+    a = torch.softmax(p.sum(-1), -1)
+    return a @ s
+
+
+def two_outputs(s, w1, b1, w2, b2):
+    """A ragged output, a fixed-shape one (via a contraction with a dense result) and
+    a per-sample number, from non-canonical (transposed) operands."""
+    p = s[:, None] * s[None]
+    h = F.gelu(F.linear(p, w1, b1))
+    a = torch.softmax(F.linear(h, w2, b2).sum(-1), 0)  # columns: a.T is rows
+    out = a.T @ s
+    gram = s.T @ a @ s  # [C, C]: no ragged axis remains
+    return {"out": out, "gram": gram, "total": p.sum()}
+
+
+IN_DIMS = (0, None, None, None, None)
+
+
+def _grads(out, leaves):
+    if isinstance(out, dict):
+        parts = [v.values if isinstance(v, raggedfn.Ragged) else v for v in out.values()]
+    else:
+        parts = [out.values]
+    loss = sum(
+        (t * torch.linspace(-1, 1, t.numel(), dtype=t.dtype).view_as(t)).sum() for t in parts
+    )
+    return torch.autograd.grad(loss, leaves)
+
+
+def _loop_grads(fn, x, ps):
+    values = x.values.detach().requires_grad_()
+    leaves = [values, *(p.detach().requires_grad_() for p in ps)]
+    per = [fn(s, *leaves[1:]) for s in values.split(x.lengths.tolist())]
+    if isinstance(per[0], dict):
+        out = {k: [o[k] for o in per] for k in per[0]}
+        parts = [torch.cat([t.flatten() for t in out["out"]])]
+        parts.append(torch.stack(out["gram"]))
+        parts.append(torch.stack(out["total"]))
+    else:
+        parts = [torch.cat([t.flatten() for t in per])]
+    loss = sum(
+        (t * torch.linspace(-1, 1, t.numel(), dtype=t.dtype).view_as(t)).sum() for t in parts
+    )
+    return torch.autograd.grad(loss, leaves)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 300, 5000, None])
+def test_pair_block_equals_the_loop_in_values_and_gradients(chunk):
+    x = tokens(LENGTHS)
+    ps = params()
+    kwargs = {} if chunk is None else {"chunk_elements": chunk}
+    assert_same(raggedfn.map(block, x, *ps, in_dims=IN_DIMS, **kwargs), loop(block, x, *ps))
+    values = x.values.detach().requires_grad_()
+    leaves = [values, *(p.detach().requires_grad_() for p in ps)]
+    xr = raggedfn.from_lengths(values, x.lengths)
+    got = _grads(raggedfn.map(block, xr, *leaves[1:], in_dims=IN_DIMS, **kwargs), leaves)
+    want = _loop_grads(block, x, ps)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("chunk", [0, 200])
+def test_several_outputs_join_in_sample_order(chunk):
+    x = tokens(LENGTHS, seed=3)
+    ps = params(seed=4)
+    got = raggedfn.map(two_outputs, x, *ps, in_dims=IN_DIMS, chunk_elements=chunk)
+    want = loop(two_outputs, x, *ps)
+    assert isinstance(got["out"], raggedfn.Ragged)
+    assert_same(got["out"], [w["out"] for w in want])
+    assert_same(got["gram"], [w["gram"] for w in want])
+    assert_same(got["total"], [w["total"] for w in want])
+    values = x.values.detach().requires_grad_()
+    leaves = [values, *(p.detach().requires_grad_() for p in ps)]
+    xr = raggedfn.from_lengths(values, x.lengths)
+    out = raggedfn.map(two_outputs, xr, *leaves[1:], in_dims=IN_DIMS, chunk_elements=chunk)
+    for g, w in zip(_grads(out, leaves), _loop_grads(two_outputs, x, ps), strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_a_small_budget_runs_the_plan_once_per_group(monkeypatch):
+    calls = []
+    real = _api.run
+
+    def counting(plan, ctx, *rest):
+        calls.append(ctx.batch_size)
+        return real(plan, ctx, *rest)
+
+    monkeypatch.setattr(_api, "run", counting)
+    x = tokens((4, 4, 4, 4, 4, 4))
+    ps = params()
+    # the largest intermediate of a sample of 4: 4 * 4 * 4C = 256 elements
+    raggedfn.map(block, x, *ps, in_dims=IN_DIMS, chunk_elements=600)
+    assert calls == [2, 2, 2]
+    calls.clear()
+    raggedfn.map(block, x, *ps, in_dims=IN_DIMS, chunk_elements=0)
+    assert calls == [6]
+    calls.clear()
+    raggedfn.map(block, x, *ps, in_dims=IN_DIMS)  # the default budget: one group here
+    assert calls == [6]
+
+
+def test_gradcheck_through_groups():
+    x = tokens((3, 2, 4), seed=5)
+    ps = [p.detach().requires_grad_() for p in params(seed=6)]
+    values = x.values.detach().requires_grad_()
+
+    def fn(v, w1, b1, w2, b2):
+        xr = raggedfn.from_lengths(v, x.lengths)
+        return raggedfn.map(block, xr, w1, b1, w2, b2, in_dims=IN_DIMS, chunk_elements=150).values
+
+    assert torch.autograd.gradcheck(fn, (values, *ps))
+    assert torch.autograd.gradgradcheck(fn, (values, *ps))
+
+
+def test_group_bounds():
+    assert group_bounds([], 10) == []
+    assert group_bounds([3, 3, 3, 3], 6) == [(0, 2), (2, 4)]
+    assert group_bounds([3, 3, 3, 3], 7) == [(0, 2), (2, 4)]
+    assert group_bounds([20, 1, 1, 20, 0], 10) == [(0, 1), (1, 3), (3, 5)]
+    assert group_bounds([0, 0, 0], 1) == [(0, 3)]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "many"])
+def test_chunk_elements_is_checked(bad):
+    x = tokens((2, 3))
+    with pytest.raises(RaggedError, match="chunk_elements"):
+        raggedfn.map(lambda t: t * 2, x, chunk_elements=bad)
+
+
+def test_released_values_and_in_place_rebinds():
+    """Values are released after their last reader; a value an in-place op rebinds
+    stays (its later readers see the new value), outputs stay."""
+
+    def fn(t):
+        h = t * 2
+        g = h.clone()
+        g.add_(1)
+        q = torch.exp(h)
+        return g * q, h
+
+    x = tokens((3, 5, 2), seed=7)
+    got = raggedfn.map(fn, x, chunk_elements=10)
+    want = loop(fn, x)
+    assert_same(got[0], [w[0] for w in want])
+    assert_same(got[1], [w[1] for w in want])
+
+
+def test_last_uses():
+    """Inputs 0-1, steps 2-5: each value is released after its last reader, except
+    outputs and values an in-place op rebinds."""
+    from types import SimpleNamespace as NS
+
+    from raggedfn._map._trace import Ref
+
+    steps = [
+        NS(args=(Ref(0), Ref(1)), kwargs={}, rebind=None),  # 2 = f(0, 1)
+        NS(args=(Ref(2),), kwargs={}, rebind=(2,)),  # 3: in place on 2
+        NS(args=([Ref(2), Ref(0)],), kwargs={"x": Ref(3)}, rebind=None),  # 4
+        NS(args=(Ref(4),), kwargs={}, rebind=None),  # 5
+    ]
+    plan = NS(steps=steps, outputs=[Ref(5), Ref(1)])
+    assert _interpret.last_uses(plan, 2) == [(), (), (0, 3), (4,)]
