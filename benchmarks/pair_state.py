@@ -40,7 +40,7 @@ import raggedfn
 
 CHANNELS = 32
 HIDDEN = 4 * CHANNELS
-SYSTEMS = ("loop", "map", "map_whole", "padded")
+SYSTEMS = ("loop", "map", "map_tiles", "map_whole", "padded")
 
 
 def lengths_for(batch: int, seed: int = 18) -> list[int]:
@@ -93,8 +93,12 @@ def build(system: str, inputs: dict[str, Any], backward: bool) -> Callable[[], T
         def forward() -> Tensor:
             return torch.cat([block(s, *params) for s in values.split(lengths)])
 
-    elif system in ("map", "map_whole"):
-        chunk = {} if system == "map" else {"chunk_elements": 0}
+    elif system in ("map", "map_tiles", "map_whole"):
+        chunk = {
+            "map": {},  # the default: groups of samples and row tiles
+            "map_tiles": {"chunk_elements": 1 << 40},  # one group, row tiles
+            "map_whole": {"chunk_elements": 0},  # the whole batch op by op
+        }[system]
         lengths_t = torch.tensor(lengths)
 
         def forward() -> Tensor:

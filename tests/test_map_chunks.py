@@ -200,3 +200,87 @@ def test_last_uses():
     ]
     plan = NS(steps=steps, outputs=[Ref(5), Ref(1)])
     assert _interpret.last_uses(plan, 2) == [(), (), (0, 3), (4,)]
+
+
+# ----- row tiles ------------------------------------------------------------------------
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(9)
+        self.up = torch.nn.Linear(C, 3 * C, dtype=torch.float64)
+        self.down = torch.nn.Linear(3 * C, C, dtype=torch.float64)
+        for p in self.parameters():
+            p.data = torch.randn(p.shape, generator=gen, dtype=torch.float64) / 3
+
+
+MLP = Mlp()
+SCALE = torch.linspace(0.5, 1.5, C, dtype=torch.float64)
+
+
+def captured(s):
+    """A chain with captured module weights (read between its ops), a fixed-size
+    tensor broadcast along the rows, a value read after the chain, mean and sum over
+    trailing axes (one with keepdim)."""
+    p = s[:, None] - s[None]
+    h = torch.tanh(MLP.up(p)) * 2.0
+    q = MLP.down(h) * SCALE + p
+    r = q.mean(-1, keepdim=True) + torch.relu(q).sum(2, keepdim=True)
+    return torch.softmax(r.squeeze(-1), -1) @ s, h.sum((0, 1))
+
+
+@pytest.mark.parametrize("fn", [block, captured], ids=["block", "captured"])
+@pytest.mark.parametrize("tile", [16, 100])
+def test_row_tiles_equal_the_loop_in_values_and_gradients(monkeypatch, fn, tile):
+    from raggedfn._map import _tiles
+
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", tile)
+    x = tokens(LENGTHS, seed=11)
+    ps = params(seed=12) if fn is block else []
+    dims = IN_DIMS if fn is block else 0
+    report = raggedfn.map_report(fn, x, *ps, in_dims=dims, chunk_elements=1 << 40)
+    assert report.batched.get("row tiles", 0) >= 1, report.batched
+    got = raggedfn.map(fn, x, *ps, in_dims=dims, chunk_elements=1 << 40)
+    want = loop(fn, x, *ps)
+    if fn is block:
+        assert_same(got, want)
+    else:
+        assert_same(got[0], [w[0] for w in want])
+        assert_same(got[1], [w[1] for w in want])
+    values = x.values.detach().requires_grad_()
+    mlp = list(MLP.parameters()) if fn is captured else []
+    leaves = [values, *(p.detach().requires_grad_() for p in ps), *mlp]
+    xr = raggedfn.from_lengths(values, x.lengths)
+    out = raggedfn.map(fn, xr, *leaves[1 : 1 + len(ps)], in_dims=dims, chunk_elements=1 << 40)
+    flat = [out.values] if fn is block else [out[0].values, out[1]]
+    weights = [torch.linspace(-1, 1, t.numel(), dtype=t.dtype).view_as(t) for t in flat]
+    got_grads = torch.autograd.grad(
+        sum((t * w).sum() for t, w in zip(flat, weights, strict=True)), leaves
+    )
+    per = [fn(s, *leaves[1 : 1 + len(ps)]) for s in values.split(x.lengths.tolist())]
+    if fn is block:
+        ref = [torch.cat([t.flatten() for t in per]).view_as(flat[0])]
+    else:
+        ref = [torch.cat([t[0] for t in per]), torch.stack([t[1] for t in per])]
+    want_grads = torch.autograd.grad(
+        sum((t * w).sum() for t, w in zip(ref, weights, strict=True)), leaves
+    )
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_row_tiles_gradcheck(monkeypatch):
+    from raggedfn._map import _tiles
+
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 24)
+    x = tokens((3, 2, 4), seed=13)
+    ps = [p.detach().requires_grad_() for p in params(seed=14)]
+    values = x.values.detach().requires_grad_()
+
+    def fn(v, w1, b1, w2, b2):
+        xr = raggedfn.from_lengths(v, x.lengths)
+        return raggedfn.map(block, xr, w1, b1, w2, b2, in_dims=IN_DIMS).values
+
+    assert torch.autograd.gradcheck(fn, (values, *ps))
+    assert torch.autograd.gradgradcheck(fn, (values, *ps))

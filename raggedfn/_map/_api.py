@@ -279,6 +279,7 @@ def _run_chunked(
     """``run`` on the whole batch, or on groups of consecutive samples whose largest
     intermediate stays within ``budget`` elements (see :mod:`._chunks`)."""
     bounds = None
+    ctx.tiles = budget > 0
     if budget and ctx.batch_size > 1:
         costs = sample_costs(plan, ctx.env, ctx.batch_size)
         if costs is not None:
@@ -295,6 +296,7 @@ def _run_chunked(
     def run_group(start: int, stop: int) -> Any:
         part = slice_leaves(leaves, kinds, rows, start, stop)
         group_ctx, group_inputs = make_ctx(plan, part, stop - start, ctx.device, lifted, randomness)
+        group_ctx.tiles = True
         return run(plan, group_ctx, group_inputs, strict, recorder)
 
     return run_in_groups(bounds, run_group)
@@ -332,11 +334,12 @@ def map(
             independently for every sample, like the loop), ``"same"`` (one draw
             shared by all samples; refused for ragged shapes) or ``"error"``.
         chunk_elements: run the batch in groups of consecutive samples whose largest
-            intermediate holds at most this many elements (cache-sized pieces: the
-            loop's locality, the batch's low overhead), joined in sample order;
-            ``None`` for the default budget (about 1M elements), 0 for the whole
-            batch at once. Results and gradients are the same either way. Not used
-            inside ``torch.compile``.
+            intermediate holds at most this many elements, joined in sample order,
+            and run chains of row-local ops (``linear``, activations, arithmetic,
+            sums over fixed-size axes) on cache-sized tiles of the packed rows;
+            ``None`` for the default budget (16M elements), 0 for the whole batch
+            op by op (no groups, no tiles). Results and gradients are the same
+            either way. Not used inside ``torch.compile``.
 
     Returns:
         The outputs of ``f`` for all samples, with ``f``'s pytree structure.
@@ -362,7 +365,11 @@ def map(
 
 
 def map_report(
-    f: Callable[..., Any], *args: Any, in_dims: Any = 0, randomness: str = "different"
+    f: Callable[..., Any],
+    *args: Any,
+    in_dims: Any = 0,
+    randomness: str = "different",
+    chunk_elements: int | None = None,
 ) -> MapReport:
     """Run ``map(f, *args, in_dims=in_dims)`` and report how each op ran.
 
@@ -371,6 +378,7 @@ def map_report(
         *args: its arguments, as for :func:`map`.
         in_dims: as for :func:`map`.
         randomness: as for :func:`map`.
+        chunk_elements: as for :func:`map`.
 
     Returns:
         A :class:`MapReport`: ops that ran batched, ops that ran per sample
@@ -391,7 +399,7 @@ def map_report(
     report = MapReport()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaggedPerformanceWarning)
-        report.output = _map(f, args, in_dims, False, randomness, report)
+        report.output = _map(f, args, in_dims, False, randomness, report, chunk_elements)
     return report
 
 

@@ -26,12 +26,12 @@ from .._ragged import Ragged
 from ._sizes import Sz
 from ._trace import Plan, TSpec
 
-# elements of a group's largest intermediate: 4 MiB of float32, two L2 caches of the
-# CPU it was measured on (benchmarks/pair_state.py, docs/benchmarks-pairs.md: on pair
-# states, C = 32, the whole batch at once ran 1.3-1.5x slower than these groups).
-# Not swept finely; a BERT-base batch (B = 32, N ~ 128, 3072 hidden) is 12M elements
-# and runs in ~12 groups.
-DEFAULT_CHUNK_ELEMENTS = 1 << 20
+# elements of a group's largest intermediate. Row tiles (_tiles.py) keep the widest
+# intermediates in cache whatever the group, and on pair states (C = 32, 1 thread,
+# benchmarks/pair_state.py) groups of 1M elements on top of them ran slower than one
+# group (the plan's per-run overhead, once per group): groups are for batches whose
+# untiled intermediates alone are large (16M elements: 64 MiB of float32).
+DEFAULT_CHUNK_ELEMENTS = 1 << 24
 
 
 def check_chunk_elements(value: Any) -> int | None:

@@ -21,6 +21,7 @@ from . import (  # noqa: F401
 from ._compiled import static
 from ._fallback import node_loop, to_output
 from ._sizes import Sz, Unsupported, product_key
+from ._tiles import chains, run_chain
 from ._trace import Plan, Ref, Step
 from ._values import BATCHED, Ctx, DenseB, RaggedB, Struct, SymB
 
@@ -165,17 +166,39 @@ def run(
             return {k: resolve(v) for k, v in a.items()}
         return a
 
-    for k, step in enumerate(plan.steps):
+    count = len(inputs)
+    row_chains = chains(plan, count) if ctx.tiles and not torch.compiler.is_compiling() else {}
+
+    def run_plain(k: int) -> None:
+        step = plan.steps[k]
         if step.slot is not None:  # a captured tensor, read afresh at this call
-            values.append(ctx.lifted[step.slot])
-            continue
+            values[count + k] = ctx.lifted[step.slot]
+            return
         if compiling:  # the plan's floats: constants of the graph, not graph inputs
             static(step.args)
             static(step.kwargs)
         args = tuple([resolve(a) for a in step.args])
         kwargs = {k: resolve(v) for k, v in step.kwargs.items()} if step.kwargs else {}
-        result = _run_step(ctx, plan, step, args, kwargs, strict, recorder, quiet)
-        values.append(result)
+        values[count + k] = _run_step(ctx, plan, step, args, kwargs, strict, recorder, quiet)
+
+    values.extend([None] * len(plan.steps))
+    k = 0
+    while k < len(plan.steps):
+        chain = row_chains.get(k)
+        if chain is not None and run_chain(plan, chain, values, count, resolve, run_plain):
+            if recorder is not None:
+                recorder.batched["row tiles"] = recorder.batched.get("row tiles", 0) + 1
+            for j in range(chain.start, chain.stop):
+                for index in frees[j]:
+                    values[index] = None
+            k = chain.stop
+            continue
+        step = plan.steps[k]
+        run_plain(k)
+        if step.slot is not None:
+            k += 1
+            continue
+        result = values[count + k]
         for alias in step.rebind or ():
             values[alias] = result
         for name in step.defines:
@@ -187,6 +210,7 @@ def run(
             _check_late(plan, ctx, pending)
         for index in frees[k]:
             values[index] = None
+        k += 1
     if pending:
         raise LateGuardFailed(f"guard {plan.late[pending[0]][0]} could not be checked")
     flat = [to_output(ctx, resolve(o)) for o in plan.outputs]

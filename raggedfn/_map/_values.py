@@ -165,6 +165,7 @@ class Ctx:
         self.record: Any = None
         self.lifted: list[Any] = []  # tensors f captures, read at this call
         self.randomness = "different"
+        self.tiles = False  # run row-local chains on row tiles (see _tiles.py)
 
     def eval(self, sz: Sz | int) -> Tensor:
         """``[B]`` int64 values of a size."""
