@@ -284,3 +284,25 @@ def test_row_tiles_gradcheck(monkeypatch):
 
     assert torch.autograd.gradcheck(fn, (values, *ps))
     assert torch.autograd.gradgradcheck(fn, (values, *ps))
+
+
+def test_small_calls_skip_the_per_sample_costs(monkeypatch):
+    """sum N_i^2 <= (sum N_i)^2: a batch whose bound fits the budget is one group
+    without evaluating per-sample sizes; one over it still groups by cost."""
+    from raggedfn._map import _chunks
+
+    calls = []
+    real = _chunks.sample_costs
+
+    def spy(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(_api, "sample_costs", spy)
+    x = tokens((4, 4, 4, 4, 4, 4))  # 24 rows: bound 24 * 24 * 4C = 9216 elements
+    ps = params()
+    want = loop(block, x, *ps)
+    assert_same(raggedfn.map(block, x, *ps, in_dims=IN_DIMS, chunk_elements=9216), want)
+    assert calls == []
+    assert_same(raggedfn.map(block, x, *ps, in_dims=IN_DIMS, chunk_elements=9215), want)
+    assert calls == [1]

@@ -13,7 +13,14 @@ from .._errors import RaggedPerformanceWarning, describe, fail
 from .._ragged import Ragged
 from . import _cache
 from ._cache import CacheInfo, Variant
-from ._chunks import check_chunk_elements, group_bounds, run_in_groups, sample_costs, slice_leaves
+from ._chunks import (
+    check_chunk_elements,
+    group_bounds,
+    run_in_groups,
+    sample_costs,
+    slice_leaves,
+    within_budget,
+)
 from ._compiled import compiled_map
 from ._groups import (
     _check_randomness,
@@ -280,7 +287,7 @@ def _run_chunked(
     intermediate stays within ``budget`` elements (see :mod:`._chunks`)."""
     bounds = None
     ctx.tiles = budget > 0
-    if budget and ctx.batch_size > 1:
+    if budget and ctx.batch_size > 1 and not within_budget(plan, leaves, ctx.batch_size, budget):
         costs = sample_costs(plan, ctx.env, ctx.batch_size)
         if costs is not None:
             per_sample = costs.tolist()  # one host sync

@@ -65,6 +65,29 @@ def _spec_costs(plan: Plan) -> list[tuple[list[Sz], int]]:
     return costs
 
 
+def within_budget(plan: Plan, leaves: list[Any], batch_size: int, budget: int) -> bool:
+    """Whether the batch surely fits one group, from host-side sizes only (no tensor op,
+    no sync: small calls pay nothing for grouping): ``sum_i prod_j s_ji <= prod_j
+    sum_i s_ji``, and a token input's ``sum_i s_i`` is its row count."""
+    totals: dict[str, int] = {}
+    for i in plan.placeholders:
+        kind = plan.leaf_kinds[i]
+        if kind.kind == "ragged" and len(kind.symbols) == 1:
+            totals[kind.symbols[0]] = int(leaves[i].values.shape[0])
+    for ragged, fixed in _spec_costs(plan):
+        bound = fixed
+        for s in ragged:
+            if s.const is not None:
+                bound *= max(s.const, 0) * batch_size
+            elif s.key in totals:
+                bound *= totals[s.key]
+            else:
+                return False
+        if bound > budget:
+            return False
+    return True
+
+
 def sample_costs(plan: Plan, env: dict[str, Tensor], batch_size: int) -> Tensor | None:
     """``[B]`` int64: the elements of each sample's largest ragged intermediate, or
     ``None`` when the plan has none (nothing grows with the sizes)."""
@@ -159,4 +182,5 @@ __all__ = [
     "run_in_groups",
     "sample_costs",
     "slice_leaves",
+    "within_budget",
 ]
