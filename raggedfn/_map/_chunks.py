@@ -34,7 +34,7 @@ from ._trace import Plan, TSpec
 DEFAULT_CHUNK_ELEMENTS = 1 << 24
 
 
-def check_chunk_elements(value: Any) -> int | None:
+def check_chunk_elements(value: Any) -> int:
     """``chunk_elements`` as given to ``map``: ``None`` (the default budget), 0 (no
     grouping) or a positive element count."""
     if value is None:
