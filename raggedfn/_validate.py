@@ -31,6 +31,12 @@ def is_tracing(t: Tensor) -> bool:
     """True under torch.compile, fx or fake-tensor tracing (no data to read)."""
     if torch.compiler.is_compiling() or torch.fx._symbolic_trace.is_fx_symbolic_tracing():
         return True
+    if (
+        type(t) is Tensor
+        and not torch._is_functional_tensor(t)
+        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+    ):
+        return False  # a plain tensor wraps nothing: not fake (the common eager case, cheaply)
     from torch._subclasses.fake_tensor import is_fake
 
     return is_fake(t)

@@ -606,3 +606,46 @@ def test_cu_seqlens():
 def test_from_lengths_refuses_lengths_that_only_add_up_by_wrapping_or_negatives(lengths):
     with pytest.raises(RaggedError, match="from_lengths"):
         raggedfn.from_lengths(torch.zeros(5), torch.tensor(lengths))
+
+
+@pytest.mark.parametrize("host_check_max", [0, 10**6])  # the kernel check; the host check
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [2**63 - 1, 2**63 - 1, 7],  # the int64 sum wraps around to 5
+        [-3, 8],  # adds up, but negative
+        [2**53, 2**53, 5 - 2**54],  # float64 exact sum 5, but negative too
+        [2, 2],  # short of the 5 rows
+        [5, 0, -1, 1],  # a negative length in the middle
+    ],
+)
+def test_from_lengths_both_checks_refuse_bad_lengths(lengths, host_check_max, monkeypatch):
+    from raggedfn import _construct
+
+    monkeypatch.setattr(_construct, "HOST_CHECK_MAX", host_check_max)
+    with pytest.raises(RaggedError, match="from_lengths"):
+        raggedfn.from_lengths(torch.zeros(5), torch.tensor(lengths))
+
+
+@pytest.mark.parametrize("host_check_max", [0, 10**6])
+@pytest.mark.parametrize("batch", [0, 1, 3, 40])
+def test_from_lengths_both_checks_build_the_partition_of_the_lengths(
+    batch, host_check_max, monkeypatch
+):
+    from raggedfn import _construct
+
+    monkeypatch.setattr(_construct, "HOST_CHECK_MAX", host_check_max)
+    gen = torch.Generator().manual_seed(batch)
+    given = torch.randint(0, 4, (batch,), generator=gen, dtype=torch.int32)
+    total = int(given.sum())
+    values = torch.randn(total, 2)
+    x = raggedfn.from_lengths(values, given)
+    starts = [0]
+    for n in given.tolist():  # reference: running sums in Python
+        starts.append(starts[-1] + n)
+    assert x.values is values and x.layout == Layout.standard(1, 1)
+    assert x.offsets.dtype == I64 and x.sizes.dtype == I64 and x.sizes.shape == (batch, 1)
+    assert x.offsets.tolist() == starts and x.sizes[:, 0].tolist() == given.tolist()
+    given.fill_(7)  # the value owns its partition
+    assert x.sizes[:, 0].tolist() != given.tolist() or batch == 0
+    assert raggedfn.check(x) is x
