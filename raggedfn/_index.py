@@ -12,7 +12,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch._ops import _len_torch_dispatch_stack_pre_dispatch
 
 
 def lengths_of(offsets: Tensor) -> Tensor:
@@ -25,8 +24,12 @@ def offsets_of(lengths: Tensor) -> Tensor:
     return F.pad(torch.cumsum(lengths.to(torch.int64), 0), (1, 0))
 
 
-# id(offsets) -> (weak ref to offsets, offsets._version, T, segment ids, their _version)
-_SEGMENT_IDS: dict[int, tuple[weakref.ref[Tensor], int, int, Tensor, int]] = {}
+# id(offsets) -> (weak ref to offsets, offsets._version, T, segment ids, their _version,
+#                 the samples' bounds, their _version)
+_SEGMENT_IDS: dict[int, tuple[weakref.ref[Tensor], int, int, Tensor, int, Tensor, int]] = {}
+
+
+_PRE_DISPATCH = torch._C.DispatchKey.PreDispatch
 
 
 def _plain_eager(t: Tensor) -> bool:
@@ -43,7 +46,9 @@ def _plain_eager(t: Tensor) -> bool:
         and not torch.is_inference_mode_enabled()
         and not t.is_inference()
         and torch._C._len_torch_dispatch_stack() == 0
-        and _len_torch_dispatch_stack_pre_dispatch() == 0
+        # a pre-dispatch mode (make_fx(pre_dispatch=True)) turns this key on while it is
+        # set: one C call instead of counting torch's Python-side mode stack
+        and not torch._C._dispatch_tls_is_dispatch_key_included(_PRE_DISPATCH)
         and torch._C._functorch.peek_interpreter_stack() is None
     )
 
@@ -73,6 +78,23 @@ def segment_ids(offsets: Tensor, total: int) -> Tensor:
     partition computes it once. Callers must not modify it in place (a caller
     that hands it out copies it).
     """
+    return _segments(offsets, total)[0]
+
+
+def segment_bounds(offsets: Tensor, total: int) -> tuple[Tensor, Tensor]:
+    """``(segment ids [T], bounds [B + 1])``: :func:`segment_ids`, and the offsets of the
+    samples as those ids number them.
+
+    Safe for kernels that trust offsets (``torch.segment_reduce(..., offsets=)``
+    reads out of bounds on offsets outside ``[0, T]``) even when ``offsets`` are
+    malformed: they start at 0 and stay within ``[0, T]``, and equal ``offsets``
+    when those are valid (``segment_reduce`` refuses decreasing ones).
+    Remembered with the segment ids; callers must not modify either in place.
+    """
+    return _segments(offsets, total)
+
+
+def _segments(offsets: Tensor, total: int) -> tuple[Tensor, Tensor]:
     cacheable = _plain_eager(offsets)
     if cacheable:
         hit = _SEGMENT_IDS.get(id(offsets))
@@ -82,18 +104,24 @@ def segment_ids(offsets: Tensor, total: int) -> Tensor:
             and hit[1] == offsets._version
             and hit[2] == total
             and hit[4] == hit[3]._version
+            and hit[6] == hit[5]._version
         ):
-            return hit[3]
-    ends = torch.cumsum(lengths_of(offsets).clamp(min=0), 0).clamp(max=total)
+            return hit[3], hit[5]
+    # (min=0 too: a cumsum that wrapped around int64 must not point before the rows)
+    ends = torch.cumsum(lengths_of(offsets).clamp(min=0), 0).clamp(min=0, max=total)
     # (a SymInt pad value would specialise T under torch.compile: full() keeps it symbolic)
     bounds = torch.cat([ends.new_zeros(1), ends, ends.new_full((1,), total)])
     # repeat_interleave of the counts alone numbers the rows 0..B: no gather of ids needed
-    ids = torch.repeat_interleave(lengths_of(bounds), output_size=total)
+    # (the last count: rows past the last sample, 0 for valid offsets)
+    counts = lengths_of(bounds)
+    ids = torch.repeat_interleave(counts, output_size=total)
+    starts = bounds[:-1]
     if cacheable and type(ids) is Tensor:
         key = id(offsets)
         ref = weakref.ref(offsets, _forget(key))
-        _SEGMENT_IDS[key] = (ref, offsets._version, total, ids, ids._version)
-    return ids
+        entry = (ref, offsets._version, total, ids, ids._version, starts, starts._version)
+        _SEGMENT_IDS[key] = entry
+    return ids, starts
 
 
 def local_positions(offsets: Tensor, segments: Tensor, total: int) -> Tensor:

@@ -192,7 +192,8 @@ class Layout:
 
     @property
     def rank(self) -> int:
-        return len(self.axes)
+        # one letter-digit group per axis, separated by spaces: no parse on every call
+        return self.code.count(" ") + 1 if self.code else 0
 
     @property
     def num_ragged(self) -> int:

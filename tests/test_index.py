@@ -84,7 +84,7 @@ class _Passthrough(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("where", ["inference_mode", "dispatch_mode", "vmap"])
+@pytest.mark.parametrize("where", ["inference_mode", "dispatch_mode", "vmap", "pre_dispatch"])
 def test_nothing_is_remembered_inside_modes_and_transforms(where):
     offsets = offsets_of(torch.tensor([2, 1]))
     before = dict(_index._SEGMENT_IDS)
@@ -94,6 +94,10 @@ def test_nothing_is_remembered_inside_modes_and_transforms(where):
     elif where == "dispatch_mode":
         with _Passthrough():
             segment_ids(offsets, 3)
+    elif where == "pre_dispatch":  # make_fx(pre_dispatch=True), as map traces
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        make_fx(lambda v: v + segment_ids(offsets, 3), pre_dispatch=True)(torch.zeros(3))
     else:
         torch.func.vmap(lambda v: v + segment_ids(offsets, 3))(torch.zeros(2, 3))
     assert id(offsets) not in _index._SEGMENT_IDS
@@ -112,3 +116,15 @@ def test_ids_remembered_eagerly_serve_a_later_backward():
         v = v.clone().requires_grad_(True)
         want.append(torch.autograd.grad((torch.softmax(v, 0) * w).sum(), v)[0])
     torch.testing.assert_close(grad, torch.cat(want))
+
+
+def test_bounds_are_remembered_with_the_ids_and_an_edit_is_noticed():
+    offsets = offsets_of(torch.tensor([2, 0, 3]))
+    ids, bounds = _index.segment_bounds(offsets, 5)
+    assert bounds.tolist() == [0, 2, 2, 5] and ids.tolist() == _reference(offsets, 5).tolist()
+    assert _index.segment_bounds(offsets, 5)[1] is bounds
+    bounds[1] = 4  # someone wrote into the bounds: recompute, do not hand them out
+    assert _index.segment_bounds(offsets, 5)[1].tolist() == [0, 2, 2, 5]
+    offsets[1] = 1  # the offsets changed in place: new ids and bounds
+    ids, bounds = _index.segment_bounds(offsets, 5)
+    assert bounds.tolist() == [0, 1, 2, 5] and ids.tolist() == [0, 1, 2, 2, 2]

@@ -59,3 +59,8 @@ def test_bad_numbering_is_refused(axes):
         RaggedError, match=r"Layout: expected ragged and dense axes numbered 0\.\.n-1 each, got '"
     ):
         Layout(axes)
+
+
+@pytest.mark.parametrize("code", ["", "r0", "r0 d0", "d0 r0 d1", "r0 n1 d0", "d1 r1 d0 r0"])
+def test_rank_counts_the_axes_of_the_code(code):
+    assert Layout(code).rank == len(Layout(code).axes) == len(code.split())

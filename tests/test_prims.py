@@ -400,3 +400,88 @@ def test_integer_product_takes_the_plain_path() -> None:
     out = _prims.segment_prod(values, SEGMENTS, NUM)
     assert out.dtype == torch.int64
     assert out.tolist() == [[48, 30], [1, 1], [15, -10], [7, 1], [1, 1]]
+
+
+# ----- segment_softmax with sorted bounds: the segment_reduce path and the general one -----
+
+
+def _bounded(lengths: list[int], rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    from raggedfn._index import offsets_of, segment_bounds
+
+    offsets = offsets_of(torch.tensor(lengths, dtype=torch.int64))
+    segments, bounds = segment_bounds(offsets, rows.shape[0])
+    return segments, bounds, len(lengths)
+
+
+@pytest.mark.parametrize("limit", [0, 10**9])  # general path; segment_reduce path
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_with_bounds_equals_torch_per_segment(limit, dtype, monkeypatch) -> None:
+    from raggedfn._prims import _softmax
+
+    monkeypatch.setattr(_softmax, "SEGMENT_REDUCE_MAX", limit)
+    lengths = [3, 0, 1, 4, 0, 2]
+    inf, nan = float("inf"), float("nan")
+    values = torch.randn(10, 2, dtype=dtype)
+    values[0, 0] = 1000.0  # only the shift by the segment maximum keeps this finite
+    values[3, 1] = -inf  # a whole segment of -inf: NaN, as torch
+    values[4:6, 1] = -inf  # -inf beside finite rows: 0
+    values[9, 1] = nan
+    segments, bounds, num = _bounded(lengths, values)
+    got = _prims.segment_softmax(values, segments, num, bounds)
+    want = torch.cat([part.softmax(0) for part in values.split(lengths)])
+    torch.testing.assert_close(got, want, equal_nan=True)
+    # +inf (where raggedfn gives NaN on that row and 0 beside it, torch NaN throughout):
+    # the same answer as the general path with unsorted segment ids
+    values[7, 0] = inf
+    general = _prims.segment_softmax(values, segments, num)
+    torch.testing.assert_close(
+        _prims.segment_softmax(values, segments, num, bounds), general, equal_nan=True
+    )
+    assert general[7, 0].isnan() and general[4:7, 0].eq(0).all()
+
+
+@pytest.mark.parametrize("limit", [0, 10**9])
+def test_softmax_with_bounds_gradients(limit, monkeypatch) -> None:
+    from raggedfn._prims import _softmax
+
+    monkeypatch.setattr(_softmax, "SEGMENT_REDUCE_MAX", limit)
+    values = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    segments, bounds, num = _bounded([2, 0, 5], values)
+
+    def f(v: torch.Tensor) -> torch.Tensor:
+        return _prims.segment_softmax(v, segments, num, bounds)
+
+    assert gradcheck(f, (values,))
+    assert gradgradcheck(f, (values,))
+    want = torch.cat([part.softmax(0) for part in values.split([2, 0, 5])])
+    cotangent = torch.randn(7, 3, dtype=torch.float64)
+    torch.testing.assert_close(
+        torch.autograd.grad(f(values), values, cotangent)[0],
+        torch.autograd.grad(want, values, cotangent)[0],
+    )
+
+
+@pytest.mark.parametrize(
+    "offsets", [[0, 2, 9], [0, 4, 2], [0, -3, 5], [0, 2**62, 5], [0, 1], [2, 3, 5]]
+)
+def test_softmax_with_bounds_of_malformed_offsets(offsets, monkeypatch) -> None:
+    """Bounds stay within the rows (``segment_reduce`` trusts its offsets and would read
+    out of bounds), and both paths answer alike: the same values, or both refuse rows
+    past the last sample."""
+    from raggedfn._index import segment_bounds
+    from raggedfn._prims import _softmax
+
+    values = torch.randn(5, 2)
+    segments, bounds = segment_bounds(torch.tensor(offsets), 5)
+    assert int(bounds[0]) == 0 and bool((bounds.diff() >= 0).all()) and int(bounds[-1]) <= 5
+    answers = []
+    for limit in (0, 10**9):
+        monkeypatch.setattr(_softmax, "SEGMENT_REDUCE_MAX", limit)
+        try:
+            answers.append(_prims.segment_softmax(values, segments, len(offsets) - 1, bounds))
+        except (IndexError, RuntimeError):
+            answers.append(None)
+    if answers[0] is None or answers[1] is None:
+        assert answers == [None, None]
+    else:
+        torch.testing.assert_close(answers[1], answers[0])

@@ -67,7 +67,10 @@ def _untracked(args: tuple[Any, ...]) -> bool:
         return False
     if not torch.is_grad_enabled():
         return True
-    return not any(isinstance(a, Tensor) and a.requires_grad for a in args)
+    for a in args:
+        if isinstance(a, Tensor) and a.requires_grad:
+            return False
+    return True
 
 
 def compiled_transform() -> bool:

@@ -28,17 +28,42 @@ def _shift(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     return torch.nan_to_num(peak, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+def _softmax(
+    values: Tensor, segments: Tensor, num_segments: int, _bounds: Tensor | None = None
+) -> Tensor:
     exp = torch.exp(values - broadcast(_shift(values, segments, num_segments), segments))
     return exp / broadcast(segment_sum(exp, segments, num_segments), segments)
 
 
-def _softmax_forward(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+# Up to this many elements (CPU, float32/64) a softmax over sorted segments reduces with
+# torch.segment_reduce: one kernel each for the max and the sum, where scatter_reduce and
+# index_add take three and two; above it they are faster (segment_reduce 1.2x slower at
+# 57k elements, 2x faster at 4k; benchmarks/overhead.py, docs/benchmarks.md)
+SEGMENT_REDUCE_MAX = 16384
+
+
+def _softmax_forward(
+    values: Tensor, segments: Tensor, num_segments: int, bounds: Tensor | None
+) -> Tensor:
     """:func:`_softmax` reusing its own fresh buffers (a Function's forward is not recorded)."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         out = values - broadcast(_shift(values, segments, num_segments), segments)
         out.exp_()
         return out.div_(broadcast(segment_sum(out, segments, num_segments), segments))
+    if (
+        bounds is not None
+        and values.numel() <= SEGMENT_REDUCE_MAX
+        and values.device.type == "cpu"
+        and values.dtype in (torch.float32, torch.float64)
+    ):
+        # segment s is the rows bounds[s]:bounds[s + 1]; rows past the last segment (bad
+        # offsets) have id S, which index_select refuses; an empty segment's -inf max is
+        # never gathered
+        peak = torch.segment_reduce(values, "max", offsets=bounds)
+        out = values - peak.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).index_select(0, segments)
+        out.exp_()
+        total = torch.segment_reduce(out, "sum", offsets=bounds)
+        return out.div_(total.index_select(0, segments))
     # plain eager (no transform batches ``values``): the same kernels, the segment
     # reductions written into their fresh buffers, without the wrappers' per-call checks
     rest = values.shape[1:]
@@ -61,20 +86,22 @@ class _SegmentSoftmax(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
-        return _softmax_forward(values, segments, num_segments)
+    def forward(
+        values: Tensor, segments: Tensor, num_segments: int, bounds: Tensor | None
+    ) -> Tensor:
+        return _softmax_forward(values, segments, num_segments, bounds)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        _, segments, num_segments = inputs
+        _, segments, num_segments, _ = inputs
         ctx.save_for_backward(output, segments)
         ctx.num_segments = num_segments
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         out, segments = ctx.saved_tensors
         inner = segment_sum(grad * out, segments, ctx.num_segments)
-        return out * (grad - broadcast(inner, segments)), None, None
+        return out * (grad - broadcast(inner, segments)), None, None, None
 
 
 class _SegmentSoftmaxJvp(_SegmentSoftmax):
@@ -127,18 +154,26 @@ class _SegmentLogSoftmaxJvp(_SegmentLogSoftmax):
         return tangent - broadcast(total, segments)
 
 
-def segment_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+def segment_softmax(
+    values: Tensor, segments: Tensor, num_segments: int, bounds: Tensor | None = None
+) -> Tensor:
     """Softmax over the rows of each segment, elementwise in the trailing axes.
 
     Args:
         values: ``[T, *rest]`` floating point.
         segments: ``[T]`` int64 segment of every packed row (any order).
         num_segments: ``S``, an upper bound on the segment ids.
+        bounds: optional ``[S + 1]`` int64 when the segments are sorted runs: segment
+            ``s`` is the rows ``bounds[s]:bounds[s + 1]``, within ``[0, T]`` (as
+            :func:`raggedfn._index.segment_bounds` gives them, never raw user offsets).
+            Lets small CPU inputs reduce with ``torch.segment_reduce``.
 
     Returns:
         ``[T, *rest]``; an empty segment has no rows, so nothing to normalise.
     """
-    return call(_SegmentSoftmaxJvp, _SegmentSoftmax, _softmax, values, segments, num_segments)
+    return call(
+        _SegmentSoftmaxJvp, _SegmentSoftmax, _softmax, values, segments, num_segments, bounds
+    )
 
 
 def segment_log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:

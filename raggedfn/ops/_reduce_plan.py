@@ -52,7 +52,26 @@ def require_ragged(x: Any, fn: str) -> Ragged:
 
 
 def reduced_axes(x: Ragged, dim: int | Sequence[int] | None, fn: str) -> tuple[int, ...] | None:
-    """Normalized sample axes to reduce, or ``None`` for a full reduction."""
+    """Normalized sample axes to reduce, or ``None`` for a full reduction.
+
+    Eagerly the answer for a plain int ``dim`` is remembered per layout code: it
+    depends on nothing else (a bad ``dim`` raises before anything is stored).
+    """
+    if type(dim) is int and not torch.compiler.is_compiling():
+        key = (x.layout.code, dim)
+        found = _REDUCED_AXES.get(key, _MISSING)
+        if found is _MISSING:
+            found = _REDUCED_AXES[key] = _reduced_axes(x, dim, fn)
+        return found  # type: ignore[return-value]
+    return _reduced_axes(x, dim, fn)
+
+
+_MISSING = object()
+# eager answers of reduced_axes for an int dim, by (layout code, dim)
+_REDUCED_AXES: dict[tuple[str, int], tuple[int, ...] | None] = {}
+
+
+def _reduced_axes(x: Ragged, dim: int | Sequence[int] | None, fn: str) -> tuple[int, ...] | None:
     chosen: Sequence[int] | None = None
     if dim is not None:
         # A lone non-int reaches normalize_axes as one axis, to be named in its message.
@@ -98,9 +117,7 @@ def _static_axes(layout: Layout) -> tuple[tuple[bool, int], ...]:
 
 
 def plan(x: Ragged, axes: tuple[int, ...]) -> Plan:
-    chosen = [static_axes(x.layout)[a - 1] for a in axes]
-    dense_dims = tuple(1 + index for ragged, index in chosen if not ragged)
-    ragged = tuple(sorted(index for is_ragged, index in chosen if is_ragged))
+    dense_dims, ragged = _split_axes(x.layout, axes)
     if not ragged:
         return Plan(axes, dense_dims, None, 0, None, None, None, x.row_offsets)
     if x.row_offsets:
@@ -109,6 +126,30 @@ def plan(x: Ragged, axes: tuple[int, ...]) -> Plan:
         x.offsets, x.sizes, x.values.shape[0], ragged
     )
     return Plan(axes, dense_dims, segments, num_segments, counts, offsets, sizes)
+
+
+def _split_axes(layout: Layout, axes: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(values axes of the reduced dense axes, sorted reduced ragged axes)``; static, so
+    remembered eagerly per (layout code, axes)."""
+    if torch.compiler.is_compiling():
+        return _compute_split(layout, axes)
+    key = (layout.code, axes)
+    found = _SPLITS.get(key)
+    if found is None:
+        found = _SPLITS[key] = _compute_split(layout, axes)
+    return found
+
+
+_SPLITS: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def _compute_split(
+    layout: Layout, axes: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    chosen = [static_axes(layout)[a - 1] for a in axes]
+    dense_dims = tuple(1 + index for ragged, index in chosen if not ragged)
+    ragged = tuple(sorted(index for is_ragged, index in chosen if is_ragged))
+    return dense_dims, ragged
 
 
 def _nested_plan(
@@ -151,7 +192,8 @@ def finish(x: Ragged, p: Plan, values: Tensor, keepdim: bool) -> Ragged | Tensor
     elif shape.dropped:
         values = values.squeeze(shape.dropped)
     if shape.layout is None:
-        return values.permute(shape.permutation)
+        # () when the axes are in order already (a fresh result: no view needed)
+        return values.permute(shape.permutation) if shape.permutation else values
     if p.offsets is None:
         return Ragged(values, x.offsets, x.sizes, shape.layout, x.row_offsets)
     assert p.sizes is not None
@@ -164,7 +206,7 @@ class _Shape(NamedTuple):
     """What a reduction does to the axes: see :func:`_result_shape`."""
 
     layout: Layout | None  # the result's, or None when no ragged axis is left
-    permutation: tuple[int, ...]  # of the dense result's axes (batch first)
+    permutation: tuple[int, ...]  # of the dense result's axes (batch first); () if in order
     added: int  # reduced ragged axes kept as dense axes of size 1 (keepdim)
     dropped: tuple[int, ...]  # values axes squeezed away (reduced dense axes, no keepdim)
 
@@ -214,7 +256,10 @@ def _compute_shape(layout: Layout, reduced_axes: tuple[int, ...], keepdim: bool)
             axes.append(Axis(False, index - shift))
     squeezed = () if keepdim else tuple(1 + j for j in dropped)
     if next_ragged == 0:
-        return _Shape(None, (0, *(1 + a.index for a in axes)), added, squeezed)
+        permutation = (0, *(1 + a.index for a in axes))
+        if permutation == tuple(range(len(permutation))):
+            permutation = ()
+        return _Shape(None, permutation, added, squeezed)
     return _Shape(Layout(tuple(axes)), (), added, squeezed)
 
 

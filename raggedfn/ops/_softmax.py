@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._axes import normalize_axis
 from .._errors import fail
-from .._index import line_starts, segment_ids
+from .._index import line_starts, segment_bounds, segment_ids
 from .._nested import reduced_levels
 from .._prims import segment_log_softmax, segment_softmax
 from .._ragged import Ragged
@@ -50,17 +50,49 @@ def _normalise(
     prim: Callable[[Tensor, Tensor, int], Tensor],
 ) -> Ragged:
     x = require_ragged(x, fn)
-    ragged, index = static_axes(x.layout)[normalize_axis(x, dim, fn, allow_batch=False) - 1]
+    ragged, index = _sample_axis(x, dim, fn)
     values = x.values if dtype is None else x.values.to(dtype)
     if not values.is_floating_point():
         raise fail(fn, f"x must have a floating point dtype (or pass dtype=), got {values.dtype}")
     if not ragged:
         out = dense(values, 1 + index)
+    elif prim is segment_softmax and _sorted_samples(x):
+        # the segments are the samples, in order: their bounds let small CPU inputs take
+        # torch.segment_reduce (remembered with the segment ids, eagerly)
+        segments, bounds = segment_bounds(x.offsets, x.values.shape[0])
+        out = segment_softmax(values, segments, x.batch_size, bounds)
     else:
         segments, num_segments = line_segments(x, index)
         out = prim(values, segments, num_segments)
     # values of x's own shape, device and partition: valid by construction (no re-check)
     return Ragged._make(out, x.offsets, x.sizes, x.layout, x.row_offsets)
+
+
+def _sorted_samples(x: Ragged) -> bool:
+    """One plain ragged axis on the CPU, eagerly: the lines are the samples."""
+    return (
+        x.layout.num_ragged == 1
+        and not x.row_offsets
+        and x.values.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+    )
+
+
+def _sample_axis(x: Ragged, dim: int, fn: str) -> tuple[bool, int]:
+    """``(ragged, index)`` of logical axis ``dim``; remembered eagerly per (layout code, dim)
+    for a plain int (a bad ``dim`` raises before anything is stored)."""
+    if type(dim) is not int or torch.compiler.is_compiling():
+        return static_axes(x.layout)[normalize_axis(x, dim, fn, allow_batch=False) - 1]
+    key = (x.layout.code, dim)
+    found = _SAMPLE_AXES.get(key)
+    if found is None:
+        axis = normalize_axis(x, dim, fn, allow_batch=False)
+        found = _SAMPLE_AXES[key] = static_axes(x.layout)[axis - 1]
+    return found
+
+
+# eager answers of _sample_axis, by (layout code, dim)
+_SAMPLE_AXES: dict[tuple[str, int], tuple[bool, int]] = {}
 
 
 def softmax(x: Ragged, dim: int, *, dtype: torch.dtype | None = None) -> Ragged:
