@@ -197,7 +197,11 @@ class Ragged:
                 layout = standard
             else:  # rectangular ragged axes among nested ones keep their letters
                 layout = Layout(ragged + standard.axes[num_ragged:])
-        return Ragged(values, self.offsets, self.sizes, layout, self.row_offsets)
+        if values.device != self.values.device:  # check_structure names the devices
+            return Ragged(values, self.offsets, self.sizes, layout, self.row_offsets)
+        # x's own partition (checked when x was built), values with its packed rows on its
+        # device, and a layout with their dense axes: nothing for check_structure to find
+        return Ragged._make(values, self.offsets, self.sizes, layout, self.row_offsets)
 
     def clone(self) -> Ragged:
         """A copy that owns new ``values`` (and partition) tensors, like ``Tensor.clone``.

@@ -116,6 +116,9 @@ def test_with_values_errors():
         RaggedError, match=r"with_values: values of shape \(13, 3, 2\) change the dense axes"
     ):
         images().with_values(torch.zeros(13, 3, 2))
+    for shape in ((5, 4), (5, 2, 7)):  # same and new dense axes: values on another device
+        with pytest.raises(RaggedError, match=r"on one device, got meta, cpu and cpu"):
+            x.with_values(torch.zeros(shape, device="meta"))
 
 
 def test_to_detach_and_dtype_helpers():

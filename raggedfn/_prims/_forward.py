@@ -73,6 +73,17 @@ def _untracked(args: tuple[Any, ...]) -> bool:
     return True
 
 
+def plain_eager() -> bool:
+    """Eager, outside ``torch.func`` transforms and forward mode: an in-place op on a fresh
+    buffer is recorded by autograd like its out-of-place form (transforms may refuse to
+    write a batched value into an unbatched buffer)."""
+    return not (
+        torch.compiler.is_compiling()
+        or torch._C._are_functorch_transforms_active()
+        or forward_mode()
+    )
+
+
 def compiled_transform() -> bool:
     """Dynamo is tracing inside a ``torch.func`` transform or with forward mode active."""
     return torch.compiler.is_compiling() and (

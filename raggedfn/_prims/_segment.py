@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._forward import compiled_transform
+from ._forward import compiled_transform, plain_eager
 
 
 def _column(index: Tensor, values: Tensor) -> Tensor:
@@ -36,6 +36,9 @@ def segment_sum(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     zeros = values.new_zeros((num_segments, *values.shape[1:]))
     if compiled_transform():  # see take_rows
         return zeros.scatter_add(0, _column(segments, values).expand_as(values), values)
+    if plain_eager():
+        # into the fresh zeros: the out-of-place index_add would copy them first
+        return zeros.index_add_(0, segments, values)
     return torch.index_add(zeros, 0, segments, values)
 
 
