@@ -241,3 +241,57 @@ def test_float32_var_and_std_of_subnormal_values_accumulate_like_torch():
     assert float(raggedfn.std(x, 1).detach()[0]) > 0  # var itself underflows, as torch's
     (got,) = torch.autograd.grad(raggedfn.std(x, 1).sum(), values)
     torch.testing.assert_close(got, torch.autograd.grad(torch.std(leaf, 0), leaf)[0])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize(
+    "make, dim",
+    [
+        (lambda: raggedfn.from_lengths(torch.randn(9, 3, 2, dtype=torch.float64), [4, 0, 5]), 1),
+        (lambda: raggedfn.from_lengths(torch.randn(9, dtype=torch.float64), [4, 0, 5]), -1),
+        (lambda: raggedfn.from_lengths(torch.randn(9, 4, dtype=torch.float64), [4, 0, 5]), -2),
+        (lambda: raggedfn.from_lengths(torch.randn(0, 4, dtype=torch.float64), []), 1),
+    ],
+)
+def test_sum_over_the_samples_with_and_without_its_shortcut(make, dim, fast, monkeypatch):
+    from raggedfn.ops import _reduce
+
+    if not fast:
+        monkeypatch.setattr(_reduce, "whole_samples", lambda *_: False)
+    x = make()
+    assert _reduce.whole_samples(x, dim, False) == fast
+    values = x.values.clone().requires_grad_(True)
+    got = raggedfn.sum(x.with_values(values), dim)
+    lengths = x.lengths.tolist()
+    parts = [part.sum(0) for part in values.split(lengths)]
+    want = torch.stack(parts) if parts else values.new_zeros((0, *values.shape[1:]))
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+    if values.numel():
+        cotangent = torch.randn_like(got)
+        torch.testing.assert_close(
+            torch.autograd.grad(got, values, cotangent)[0],
+            torch.autograd.grad(want, values, cotangent)[0],
+        )
+
+
+@pytest.mark.parametrize(
+    "x, dim, keepdim",
+    [
+        (tokens([2, 3]), 1, True),  # keeps an axis
+        (tokens([2, 3]), 2, False),  # a dense axis
+        (pairs([[2, 3], [1, 1]]), 1, False),  # one of two ragged axes
+        (raggedfn.transpose(tokens([2, 3]), 1, 2), 2, False),  # the ragged axis not first
+        (tokens([2, 3]), (1,), False),  # not a plain int
+    ],
+)
+def test_sum_shortcut_refuses_other_reductions(x, dim, keepdim):
+    from raggedfn.ops import _reduce
+
+    assert not _reduce.whole_samples(x, dim, keepdim)
+    got = raggedfn.sum(x, dim, keepdim=keepdim)
+    axis = dim - 1 if isinstance(dim, int) else 0
+    want = [sample.sum(axis, keepdim=keepdim) for sample in raggedfn.unbind(x)]
+    got = raggedfn.unbind(got) if isinstance(got, Ragged) else list(got)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .._errors import fail
+from .._index import segment_ids
 from .._prims import (
     broadcast,
     segment_logsumexp,
@@ -43,6 +44,7 @@ from ._reduce_plan import (
     plan,
     reduced_axes,
     require_ragged,
+    whole_samples,
 )
 
 Dim = int | Sequence[int] | None
@@ -104,6 +106,10 @@ def sum(
                 [0., 0., 0.]])
     """
     x = require_ragged(x, "sum")
+    if dtype is None and whole_samples(x, dim, keepdim) and x.values.is_floating_point():
+        # the sum of each sample's rows, as the general path below computes it, without
+        # its planning: a value with one ragged axis summed over it, to a dense result
+        return segment_sum(x.values, segment_ids(x.offsets, x.values.shape[0]), x.batch_size)
     axes = reduced_axes(x, dim, "sum")
     values = integer_sum_dtype(x.values, dtype)
     if axes is None:

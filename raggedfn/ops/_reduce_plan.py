@@ -66,6 +66,26 @@ def reduced_axes(x: Ragged, dim: int | Sequence[int] | None, fn: str) -> tuple[i
     return _reduced_axes(x, dim, fn)
 
 
+def whole_samples(x: Ragged, dim: Any, keepdim: bool) -> bool:
+    """``dim`` is the one ragged axis of ``x`` (no nested levels) and the result is the
+    dense ``[B, *dense]`` of one value per sample, in order (eagerly, for a plain int
+    ``dim``; remembered per layout code): then a reduction is one segment reduction
+    over the samples, with nothing to plan or rearrange."""
+    if type(dim) is not int or keepdim or x.row_offsets or torch.compiler.is_compiling():
+        return False
+    key = (x.layout.code, dim)
+    found = _WHOLE_SAMPLES.get(key)
+    if found is None:
+        layout = x.layout
+        rank = layout.rank
+        found = layout == Layout.standard(1, rank - 1) and dim in (1, -rank)
+        _WHOLE_SAMPLES[key] = found
+    return found
+
+
+# eager answers of whole_samples, by (layout code, dim)
+_WHOLE_SAMPLES: dict[tuple[str, int], bool] = {}
+
 _MISSING = object()
 # eager answers of reduced_axes for an int dim, by (layout code, dim)
 _REDUCED_AXES: dict[tuple[str, int], tuple[int, ...] | None] = {}
