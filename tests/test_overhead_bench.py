@@ -8,7 +8,9 @@ import torch
 from benchmarks import overhead
 
 
-@pytest.mark.parametrize("name", ["sum", "softmax", "softmax_kernel", "from_lengths", "map"])
+@pytest.mark.parametrize(
+    "name", ["sum", "softmax", "softmax_kernel", "from_lengths", "map", "softmax_unit", "map_unit"]
+)
 def test_tiny_rows_agree_and_time(name):
     pair = next(p for p in overhead.tiny_pairs() if p.name == name)
     overhead.check(pair)
