@@ -45,15 +45,15 @@ BUILD = ROOT / "build" / "mutate"
 
 
 class Slice(NamedTuple):
-    package: str  # mutmut's only_mutate glob
-    prefix: str  # mutant names start with this
+    packages: tuple[str, ...]  # mutmut's only_mutate globs
+    prefixes: tuple[str, ...]  # mutant names start with one of these
     tests: tuple[str, ...]
 
 
 SLICES = {
     "prims": Slice(
-        "raggedfn/_prims/*",
-        "raggedfn._prims.",
+        ("raggedfn/_prims/*",),
+        ("raggedfn._prims.",),
         (
             "tests/test_prims.py",
             "tests/test_prims_bodies.py",
@@ -68,8 +68,8 @@ SLICES = {
         ),
     ),
     "ops": Slice(
-        "raggedfn/ops/*",
-        "raggedfn.ops.",
+        ("raggedfn/ops/*",),
+        ("raggedfn.ops.",),
         (
             "tests/test_reduce.py",
             "tests/test_scan.py",
@@ -98,13 +98,19 @@ SLICES = {
         ),
     ),
     "construct": Slice(
-        "raggedfn/_construct.py",
-        "raggedfn._construct.",
-        ("tests/test_construct.py", "tests/test_ragged.py"),
+        # the constructors: _construct.py and the modules split from it
+        ("raggedfn/_construct*.py", "raggedfn/_padded.py"),
+        ("raggedfn._construct", "raggedfn._padded."),
+        (
+            "tests/test_construct.py",
+            "tests/test_ragged.py",
+            "tests/test_interop.py",
+            "property_tests/test_construct_props.py",
+        ),
     ),
     "map": Slice(
-        "raggedfn/_map/*",
-        "raggedfn._map.",
+        ("raggedfn/_map/*",),
+        ("raggedfn._map.",),
         (
             "tests/test_map.py",
             "tests/test_map_index.py",
@@ -154,7 +160,7 @@ def _config(part: Slice) -> str:
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["raggedfn/"]\n'
-        f"only_mutate = {array([part.package])}\n"
+        f"only_mutate = {array(part.packages)}\n"
         f"pytest_add_cli_args_test_selection = {array([*part.tests, '-k', SKIP])}\n"
         f"do_not_mutate_patterns = {array([p.replace(chr(92), chr(92) * 2) for p in DO_NOT_MUTATE])}\n"
         'also_copy = ["property_tests/", "benchmarks/", "docs/", "README.md"]\n'
@@ -184,7 +190,7 @@ def _prepare(name: str, part: Slice) -> Path:
     return where
 
 
-def _statuses(where: Path, prefix: str) -> dict[str, str]:
+def _statuses(where: Path, prefixes: tuple[str, ...]) -> dict[str, str]:
     """Every mutant of the slice and its verdict (``not checked`` before it ran)."""
     listing = subprocess.run(
         [sys.executable, "-m", "mutmut", "results", "--all", "true"],
@@ -198,7 +204,7 @@ def _statuses(where: Path, prefix: str) -> dict[str, str]:
     return {
         hit.group(1): hit.group(2).strip()
         for hit in found
-        if hit and hit.group(1).startswith(prefix)
+        if hit and hit.group(1).startswith(prefixes)
     }
 
 
@@ -234,7 +240,7 @@ def run_slice(name: str, sample: str, seed: int, jobs: int) -> str:
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **os.environ}
     python = [sys.executable, "-c"]
     subprocess.run([*python, GENERATE, str(max(jobs, 1))], cwd=where, stdout=log, check=True)
-    statuses = _statuses(where, part.prefix)
+    statuses = _statuses(where, part.prefixes)
     chosen = draw(list(statuses), sample, seed, name)
     retested: set[str] = set()
     # twice at most: mutmut resets every verdict when the test selection changed, so
@@ -248,9 +254,9 @@ def run_slice(name: str, sample: str, seed: int, jobs: int) -> str:
         if done.returncode != 0:  # a failing clean run or stats collection: no verdicts
             raise SystemExit(f"mutmut failed on slice {name}: see {BUILD / name}.log")
         retested.update(pending)
-        statuses = _statuses(where, part.prefix)
+        statuses = _statuses(where, part.prefixes)
     elapsed = time.perf_counter() - start
-    statuses = _statuses(where, part.prefix)
+    statuses = _statuses(where, part.prefixes)
     counts = Counter(statuses[m] for m in chosen)
     diffs = []
     for mutant in chosen:
