@@ -61,6 +61,7 @@ SLICES = {
             "tests/test_prims_apply.py",
             "tests/test_forward.py",
             "tests/test_grouped.py",
+            "tests/test_segment_matmul_groups.py",
             "tests/test_sdpa_prim.py",
             "tests/test_varlen_prim.py",
             "tests/test_scan.py",
@@ -85,9 +86,13 @@ SLICES = {
             "tests/test_boundaries.py",
             "tests/test_reduce_defaults.py",
             "tests/test_stable_order.py",
+            "tests/test_size_checks.py",
+            "tests/test_matmul_ranks.py",
+            "tests/test_ops_mutants.py",
             # the per-sample comparisons of ops live in the property tests
             "property_tests/test_broadcast_props.py",
             "property_tests/test_elementwise_props.py",
+            "property_tests/test_mixed_props.py",
             "property_tests/test_nested_props.py",
             "property_tests/test_nn_props.py",
             "property_tests/test_products_props.py",
@@ -117,6 +122,7 @@ SLICES = {
             "tests/test_map_cache.py",
             "tests/test_map_regressions.py",
             "tests/test_map_soundness.py",
+            "tests/test_map_mutants.py",
         ),
     ),
 }
@@ -163,6 +169,7 @@ def _config(part: Slice) -> str:
         f"only_mutate = {array(part.packages)}\n"
         f"pytest_add_cli_args_test_selection = {array([*part.tests, '-k', SKIP])}\n"
         f"do_not_mutate_patterns = {array([p.replace(chr(92), chr(92) * 2) for p in DO_NOT_MUTATE])}\n"
+        'pytest_add_cli_args = ["-p", "tests.mutmut_plugin"]\n'
         'also_copy = ["property_tests/", "benchmarks/", "docs/", "README.md"]\n'
         f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n"
     )
