@@ -134,6 +134,10 @@ SLICES = {
 # Error-message statements are not mutated: their text is checked by the error tests,
 # and a mutated message is not a numerical bug (it only multiplies the mutants).
 SKIP = "not compile and not fullgraph and not test_call_picks_the_rule_set"
+# Tests that fail with no mutant active in this environment (mutmut needs a passing
+# selection), per slice: exact equality of `x @ w` (one einsum on packed values) with
+# `x.values @ w` (another kernel) fails by one rounding under torch 2.13.0+cpu here.
+SKIP_FAILING = {"ops": " and not test_weight_products_run_on_packed_values"}
 DO_NOT_MUTATE = [r"raise fail\(", r"raise RaggedError\("]
 
 # A mutant is stopped (a timeout, counted as killed) after (t + 1 s) * 2 * this CPU seconds,
@@ -159,19 +163,25 @@ print(f"{stats.mutated} files mutated, {stats.unmodified} unchanged")
 NOT_KILLED = ("survived", "no tests", "not checked", "suspicious", "segfault")
 
 
-def _config(part: Slice) -> str:
+def _config(name: str, part: Slice) -> str:
     def array(items: list[str] | tuple[str, ...]) -> str:
         return "[" + ", ".join(f'"{item}"' for item in items) + "]"
 
+    skip = SKIP + SKIP_FAILING.get(name, "")
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["raggedfn/"]\n'
         f"only_mutate = {array(part.packages)}\n"
-        f"pytest_add_cli_args_test_selection = {array([*part.tests, '-k', SKIP])}\n"
+        f"pytest_add_cli_args_test_selection = {array([*part.tests, '-k', skip])}\n"
         f"do_not_mutate_patterns = {array([p.replace(chr(92), chr(92) * 2) for p in DO_NOT_MUTATE])}\n"
         'pytest_add_cli_args = ["-p", "tests.mutmut_plugin"]\n'
         'also_copy = ["property_tests/", "benchmarks/", "docs/", "README.md"]\n'
         f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n"
+        # each mutant's process forks from a server that has only collected the tests:
+        # with mutmut's default ("fork") it forks from the process that ran the stats and
+        # the clean tests, inheriting every cache they filled (map's traces, lazily built
+        # tables), so code behind a warm cache never runs under the mutant and survives
+        'process_isolation = "forkserver"\n'
     )
 
 
@@ -193,7 +203,7 @@ def _prepare(name: str, part: Slice) -> Path:
             shutil.copy2(source, target)
     pyproject = where / "pyproject.toml"
     text = (ROOT / "pyproject.toml").read_text()
-    pyproject.write_text(text + _config(part))
+    pyproject.write_text(text + _config(name, part))
     return where
 
 
