@@ -1,0 +1,94 @@
+"""``raggedfn.map`` behaviour that ``make mutate`` found untested (docs/testing.md).
+
+Each test compares ``map`` with the per-sample loop (``property_tests.reference.loop``)
+and checks how the call ran (``map_report``); each was seen failing with the
+surviving mutant applied.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import raggedfn
+from property_tests.reference import assert_same, loop
+from raggedfn import RaggedPerformanceWarning
+
+D = 4
+LENGTHS = (3, 0, 5, 1)
+
+
+def tokens(lengths=LENGTHS, dim=D, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return raggedfn.from_list(
+        [torch.randn(n, dim, generator=gen, dtype=torch.float64) for n in lengths]
+    )
+
+
+def weights(*shape, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+
+def test_shared_matrix_times_a_ragged_one_is_batched():
+    # w (shared, unbatched) @ t.T: the product enumerates (m, n) with n ragged and
+    # takes every row of w for each; with leading axes on w too
+    x = tokens()
+    for w in (weights(6, D), weights(2, 6, D, seed=2)):
+
+        def f(t, w):
+            return w @ t.T
+
+        report = raggedfn.map_report(f, x, w, in_dims=(0, None))
+        assert_same(report.output, loop(f, x, w))
+        assert report.fully_batched, str(report)
+
+
+def test_type_as_of_a_dense_per_sample_result_casts_as_torch():
+    # t.sum(0) is a fixed-shape per-sample tensor; type_as with the batched t casts it
+    x = tokens()
+
+    def f(t):
+        return t.sum(0).to(torch.float32).type_as(t) * 2
+
+    report = raggedfn.map_report(f, x)
+    assert report.output.dtype == torch.float64
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_chains_of_in_place_ops_on_fresh_values_are_batched():
+    # h.add_ then h.mul_ then relu_ on the alias each in-place op returns
+    x = tokens()
+
+    def f(t):
+        h = t * 2
+        h.add_(1).mul_(3)
+        torch.relu_(h)
+        return h.sum(-1)
+
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_grouped_query_attention_with_shared_keys_loops_and_says_why():
+    # keys/values shared by every sample (unbatched) with fewer heads than the query:
+    # no batching rule repeats an unbatched tensor's heads; the node runs per sample
+    # (as torch) and the report names the reason
+    x = tokens(dim=4 * 2)
+    kv = weights(2, 3, 2, seed=3)
+
+    def f(t, kv):
+        q = t.reshape(t.shape[0], 4, 2).transpose(0, 1)  # (4, N, 2)
+        return F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True).transpose(0, 1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        report = raggedfn.map_report(f, x, kv, in_dims=(0, None))
+    assert_same(report.output, loop(f, x, kv))
+    assert report.fallback == {
+        "aten.scaled_dot_product_attention.default": "grouped-query attention with these head counts"
+    }, str(report)
