@@ -6,6 +6,8 @@ and was seen failing with the surviving mutant applied by hand.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -55,3 +57,80 @@ def test_broadcasting_checks_the_sizes_of_an_axis_two_operands_share() -> None:
     x = raggedfn.from_list([torch.full((3, 1), 2.0), torch.full((2, 1), 3.0)], ragged_dims=(1,))
     for got, a, c in zip(_samples(x + z), _samples(x), _samples(z), strict=True):
         assert torch.equal(got, a + c)
+
+
+def _tokens(lengths: list[int], dim: int = 3, dtype: torch.dtype = torch.float64) -> Any:
+    gen = torch.Generator().manual_seed(2)
+    return raggedfn.from_list([torch.randn(n, dim, generator=gen, dtype=dtype) for n in lengths])
+
+
+def _sentences(dim: int, seed: int = 3) -> Any:
+    gen = torch.Generator().manual_seed(seed)
+    return raggedfn.from_list(
+        [[torch.randn(n, dim, generator=gen) for n in doc] for doc in ([2, 1], [], [3])]
+    )
+
+
+# errors name the function that was called (DESIGN.md: "naming the function, the
+# argument, what was expected and what arrived"), with the text that explains them
+ERRORS = {
+    "gt_complex_x": (lambda: raggedfn.gt(_tokens([2, 1], dtype=torch.complex64), 0.5), "gt"),
+    "gt_complex_y": (lambda: raggedfn.gt(_tokens([2, 1]), 1j), "gt"),
+    "where_rank": (
+        lambda: raggedfn.where(
+            _tokens([2, 1]) > 0, 1.0, raggedfn.from_list([torch.ones(2), torch.ones(1)])
+        ),
+        "where",
+    ),
+    "argsort_axis": (lambda: raggedfn.argsort(_tokens([2, 1]), 5), "argsort"),
+    "squeeze_axis": (lambda: raggedfn.squeeze(_tokens([2, 1]), 7), "squeeze"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
+def test_errors_name_the_function_called(case: str) -> None:
+    call, name = ERRORS[case]
+    with pytest.raises(RaggedError, match=f"^{name}: "):
+        call()
+
+
+def test_masked_select_names_the_sizes_that_differ() -> None:
+    x = _tokens([2, 3])
+    mask = raggedfn.from_list(
+        [torch.ones(3, 3, dtype=torch.bool), torch.ones(2, 3, dtype=torch.bool)]
+    )
+    with pytest.raises(
+        RaggedError, match=r"^masked_select: .*: sizes of shape|^masked_select: .*sizes"
+    ):
+        raggedfn.masked_select(x, mask)
+
+
+def test_cat_of_nested_values_along_an_inner_axis_says_why_it_refuses() -> None:
+    a, b = _sentences(2), _sentences(2, seed=4)
+    with pytest.raises(
+        RaggedError,
+        match=r"^cat: values with nested ragged axes along an axis other than 0 are not supported",
+    ):
+        raggedfn.cat([a, b], 2)
+
+
+def test_cat_of_nested_batches_checks_every_operands_dense_sizes() -> None:
+    a, b = _sentences(2), _sentences(3, seed=4)
+    with pytest.raises(RaggedError, match=r"^cat: xs\[1\] has logical shape"):
+        raggedfn.cat([a, b], 0)
+    with pytest.raises(RaggedError, match=r"^cat: xs\[2\] has logical shape"):
+        raggedfn.cat([a, a, b], 0)
+    # and equal dense sizes: the samples of both, in order, as a loop over the samples
+    c = _sentences(2, seed=5)
+    out = raggedfn.cat([a, c], 0)
+    assert out.batch_size == a.batch_size + c.batch_size
+    raggedfn.check(out)  # raises on a partition that does not hold
+    want = [*raggedfn.unbind(a), *raggedfn.unbind(c)]
+    got = list(raggedfn.unbind(out))
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert type(g) is type(w)
+        if isinstance(w, torch.Tensor):
+            assert torch.equal(g, w)
+        else:
+            assert len(g) == len(w) and all(torch.equal(p, q) for p, q in zip(g, w, strict=True))
