@@ -134,3 +134,14 @@ def test_cat_of_nested_batches_checks_every_operands_dense_sizes() -> None:
             assert torch.equal(g, w)
         else:
             assert len(g) == len(w) and all(torch.equal(p, q) for p, q in zip(g, w, strict=True))
+
+
+def test_values_with_other_partitions_say_that_only_equal_partitions_combine() -> None:
+    x = raggedfn.from_list([torch.ones(3, 2), torch.ones(2, 1)], ragged_dims=(1, 2))
+    y = raggedfn.from_list([torch.ones(2, 2), torch.ones(3, 1)], ragged_dims=(1, 2))
+    with pytest.raises(
+        RaggedError,
+        match=r"^add: operands have different partitions: sizes .* differ \(only values with "
+        r"the same samples and sizes combine elementwise\)$",
+    ):
+        x + y
