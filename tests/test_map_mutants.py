@@ -92,3 +92,22 @@ def test_grouped_query_attention_with_shared_keys_loops_and_says_why():
     assert report.fallback == {
         "aten.scaled_dot_product_attention.default": "grouped-query attention with these head counts"
     }, str(report)
+
+
+def test_a_whole_loop_keeps_an_axis_ragged_when_it_has_the_inputs_sizes_after_a_shared_argument():
+    # equal lengths: only the input's ragged size says the output axis is ragged; the
+    # shared argument before the batched one must not end the search for input sizes
+    x = tokens((3, 3))
+    w = weights(D)
+
+    def f(w, t):
+        if t.sum() > 0:  # data-dependent: the whole call runs per sample
+            return t * w
+        return t - w
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        report = raggedfn.map_report(f, w, x, in_dims=(None, 0))
+    assert report.whole_loop is not None
+    assert isinstance(report.output, raggedfn.Ragged), type(report.output)
+    assert_same(report.output, [f(w, t) for t in raggedfn.unbind(x)])
