@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -111,3 +112,44 @@ def test_a_whole_loop_keeps_an_axis_ragged_when_it_has_the_inputs_sizes_after_a_
     assert report.whole_loop is not None
     assert isinstance(report.output, raggedfn.Ragged), type(report.output)
     assert_same(report.output, [f(w, t) for t in raggedfn.unbind(x)])
+
+
+def _documents():
+    gen = torch.Generator().manual_seed(4)
+    return raggedfn.from_list(
+        [[torch.randn(n, 3, generator=gen) for n in doc] for doc in ([2, 3], [], [1])]
+    )
+
+
+def test_a_nested_value_runs_per_sample_says_why_and_strict_refuses():
+    x = _documents()
+
+    def f(sample):
+        return raggedfn.sum(sample, 1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        report = raggedfn.map_report(f, x)
+    assert report.whole_loop == "f maps over a nested value (its samples are Ragged values)"
+    assert_same(report.output, [f(x[i]) for i in range(x.batch_size)])
+    with pytest.raises(
+        raggedfn.RaggedError,
+        match=r"^map: f maps over a nested value \(its samples are Ragged values\); "
+        r"strict=True refuses the per-sample loop",
+    ):
+        raggedfn.map(f, x, strict=True)
+
+
+def test_a_partial_loop_is_reported_with_its_reason():
+    # t[len(t) // 2] guards on the length: samples no plan fits run per sample
+    x = tokens((5, 2, 4, 3, 6, 7))
+
+    def f(t):
+        return t[len(t) // 2]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        report = raggedfn.map_report(f, x)
+    assert isinstance(report.partial_loop, str) and report.partial_loop, str(report)
+    assert f"  some samples ran per sample: {report.partial_loop}" in str(report).splitlines()
+    assert_same(report.output, loop(f, x))
