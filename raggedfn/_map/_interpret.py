@@ -155,7 +155,9 @@ def run(
     values: list[Any] = list(inputs)
     pending = list(range(len(plan.late)))
     compiling = torch.compiler.is_compiling()
-    frees = last_uses(plan, len(inputs))
+    # a graph being compiled owns its buffers; and caching on the plan there would be
+    # a side effect dynamo guards on (one more graph)
+    frees = last_uses(plan, len(inputs)) if not compiling else [()] * len(plan.steps)
 
     def resolve(a: Any) -> Any:
         if isinstance(a, Ref):
