@@ -211,6 +211,31 @@ def test_19_a_group_of_empty_samples_falls_back_per_node_without_a_warning():
     assert_restacked(strict, want)
 
 
+def _dropout_eval_then_add_(t):
+    o0 = t  # eager dropout(training=False) returns t itself: add_ writes the input
+    h = F.dropout(t, 0.5, training=False)
+    h.add_(0.25)
+    return h, o0
+
+
+def _dropout_eval_of_a_fresh_value_then_add_(t):
+    h = t * 2
+    d = F.dropout(h, 0.5, training=False)
+    d.add_(0.25)  # ... and here h
+    return h
+
+
+@pytest.mark.parametrize("f", [_dropout_eval_then_add_, _dropout_eval_of_a_fresh_value_then_add_])
+def test_19_an_in_place_op_after_dropout_in_eval_writes_what_the_loop_writes(f):
+    """aten.dropout's schema promises a fresh tensor, but its kernel returns the input
+    when not training (found by seed 3 of the 20,000-program run, program 4024)."""
+    samples = _samples([1, 0, 3])
+    x = raggedfn.from_list(samples)
+    got = _quiet(f, x)
+    assert_restacked(got, [f(s.clone()) for s in samples])
+    assert torch.equal(x.values, torch.cat(samples))  # the caller's value is untouched
+
+
 # ----- issue 19: the 20,000-program run of this session -----------------------------------
 
 

@@ -92,10 +92,20 @@ def _mutates(target: Any) -> bool:
     )
 
 
+# ops whose schema promises a fresh result but whose eager kernel returns the input
+# itself in some cases: dropout of every kind when not training, with p = 0 or on an
+# empty input; type_as to the same type. An in-place op on their result writes the input.
+_MAY_RETURN_INPUT = frozenset(
+    {"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout", "type_as"}
+)
+
+
 def _aliases(node: Any) -> bool:
     """Whether ``node``'s result may share memory with an input (a view, or unknown)."""
     schema = getattr(node.target, "_schema", None)
     if node.op != "call_function" or schema is None:
+        return True
+    if schema.name.split("::")[-1] in _MAY_RETURN_INPUT:
         return True
     return any(r.alias_info is not None for r in schema.returns)
 
