@@ -484,6 +484,19 @@ def matmul(a: Ragged | Tensor, b: Ragged | Tensor) -> Ragged | Tensor:
     problem = matmul_mismatch(a, b)
     if problem is not None:
         raise fail(fn, problem)
+    if (
+        isinstance(a, Ragged)
+        and isinstance(b, Tensor)
+        and b.ndim == 2
+        and not a.row_offsets
+        and a.values.ndim >= 2
+        and not a.layout.axes[-1].ragged
+        and a.layout.axes[-1].index == a.values.ndim - 2
+        and _ragged_first(a)
+    ):
+        # a dense weight on the last axis, stored last: one product of the packed values
+        # (the loop's own `s @ w` rows), no einsum plan
+        return a.with_values(a.values @ b)
     rank_a = a.layout.rank if isinstance(a, Ragged) else a.ndim
     rank_b = b.layout.rank if isinstance(b, Ragged) else b.ndim
     sub_a, sub_b, sub_out = _matmul_subscripts(fn, rank_a, rank_b)
@@ -493,6 +506,11 @@ def matmul(a: Ragged | Tensor, b: Ragged | Tensor) -> Ragged | Tensor:
     if isinstance(b, Ragged):
         sub_b = batch + sub_b
     return einsum(f"{sub_a},{sub_b}->{batch}{sub_out}", a, b)
+
+
+def _ragged_first(x: Ragged) -> bool:
+    count = sum(1 for axis in x.layout.axes if axis.ragged)
+    return all(axis.ragged for axis in x.layout.axes[:count])
 
 
 def _shape_of(op: Ragged | Tensor) -> str:
