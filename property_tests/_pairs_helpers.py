@@ -63,9 +63,14 @@ def check_against_loop(
 
 
 def _check(
-    op: Callable[..., Any], ref: Callable[..., Any], *inputs: Any, **tolerances: Any
+    op: Callable[..., Any],
+    ref: Callable[..., Any],
+    *inputs: Any,
+    grad_atol: float | None = None,
+    **tolerances: Any,
 ) -> None:
-    """One comparison.
+    """One comparison; ``grad_atol``: the gradients' own absolute tolerance where the
+    outputs' does not bound them (attention's q and k gradients carry ``scale |k|``).
 
     Gradients are taken w.r.t. the packed values of every floating ``Ragged``
     input on the raggedfn side and w.r.t. independent per-sample leaf tensors on
@@ -125,12 +130,15 @@ def _check(
     else:
         flat = [torch.zeros_like(leaf) for leaf in leaves]
     start = 0
+    grad_tolerances = dict(tolerances)
+    if grad_atol is not None:
+        grad_tolerances["atol"] = grad_atol
     for n, g in zip(floating, got, strict=True):
         count = len(per_sample[n])
         want = _pack(list(flat[start : start + count]), ins[n])
         start += count
         torch.testing.assert_close(
-            g, want, msg=lambda m, n=n: f"grad of input {n}: {m}", **tolerances
+            g, want, msg=lambda m, n=n: f"grad of input {n}: {m}", **grad_tolerances
         )
 
 
