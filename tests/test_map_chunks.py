@@ -190,7 +190,7 @@ def test_last_uses():
     outputs and values an in-place op rebinds."""
     from types import SimpleNamespace as NS
 
-    from raggedfn._map._trace import Ref
+    from raggedfn._map._steps import Ref
 
     steps = [
         NS(args=(Ref(0), Ref(1)), kwargs={}, rebind=None),  # 2 = f(0, 1)

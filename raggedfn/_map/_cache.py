@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ._deps import Deps
-from ._trace import Plan
+from ._steps import Plan
 
 MAX_FUNCTIONS = 256
 MAX_VARIANTS = 16

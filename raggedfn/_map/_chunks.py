@@ -24,7 +24,7 @@ from .._errors import describe, fail
 from .._index import offsets_of
 from .._ragged import Ragged
 from ._sizes import Sz
-from ._trace import Plan, TSpec
+from ._steps import Plan, TSpec
 
 # elements of a group's largest intermediate. Row tiles (_tiles.py) keep the widest
 # intermediates in cache whatever the group, and on pair states (C = 32, 1 thread,

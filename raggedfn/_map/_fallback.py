@@ -24,7 +24,8 @@ from .._construct import from_list
 from .._errors import RaggedError, fail
 from .._ragged import Ragged
 from ._sizes import Sz
-from ._trace import Plan, TSpec, specs_of
+from ._steps import Plan, TSpec
+from ._trace import specs_of
 from ._values import Ctx, DenseB, RaggedB, SymB, canonical_layout, make_ragged
 
 

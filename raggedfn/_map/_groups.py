@@ -19,7 +19,8 @@ from ._interpret import Recorder, guard_mask, make_ctx, run
 from ._plans import Failure, _trace_plan
 from ._report import MapReport
 from ._split import empty_samples, merge, take
-from ._trace import _LOCK, Plan, is_ragged_leaf
+from ._steps import Plan
+from ._trace import _LOCK, is_ragged_leaf
 
 
 def _columns(leaves: list[Any], kinds: list[str]) -> list[torch.Tensor]:

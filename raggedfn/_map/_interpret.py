@@ -21,8 +21,8 @@ from . import (  # noqa: F401
 from ._compiled import static
 from ._fallback import node_loop, to_output
 from ._sizes import Sz, Unsupported, product_key
+from ._steps import Plan, Ref, Step, refs
 from ._tiles import chains, run_chain
-from ._trace import Plan, Ref, Step
 from ._values import BATCHED, Ctx, DenseB, RaggedB, Struct, SymB
 
 
@@ -102,17 +102,6 @@ def _check_late(plan: Plan, ctx: Ctx, pending: list[int]) -> None:
             raise LateGuardFailed(f"guard {text} on a data-dependent size fails")
 
 
-def _refs(a: Any, out: set[int]) -> None:
-    if isinstance(a, Ref):
-        out.add(a.index)
-    elif isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
-        for v in a:
-            _refs(v, out)
-    elif isinstance(a, dict):
-        for v in a.values():
-            _refs(v, out)
-
-
 def last_uses(plan: Plan, count: int) -> list[tuple[int, ...]]:
     """For each step of ``plan`` (run with ``count`` inputs): the values no later step
     reads, released once it has run so that a packed intermediate (``sum N_i^2 x 4C``
@@ -123,14 +112,14 @@ def last_uses(plan: Plan, count: int) -> list[tuple[int, ...]]:
         return cached[1]
     keep: set[int] = set()
     for o in plan.outputs:
-        _refs(o, keep)
+        refs(o, keep)
     for step in plan.steps:
         keep.update(step.rebind or ())
     last: dict[int, int] = {}
     for k, step in enumerate(plan.steps):
         read: set[int] = set()
-        _refs(step.args, read)
-        _refs(step.kwargs, read)
+        refs(step.args, read)
+        refs(step.kwargs, read)
         for index in read:
             last[index] = k
     frees: list[list[int]] = [[] for _ in plan.steps]

@@ -14,7 +14,8 @@ from ._cache import Variant
 from ._deps import walk
 from ._fallback import output_specs
 from ._split import ragged_positions_of
-from ._trace import _HINTS, Plan, TSpec, trace
+from ._steps import Plan, TSpec
+from ._trace import _HINTS, trace
 
 
 def _new_variant(

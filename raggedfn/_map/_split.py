@@ -22,7 +22,7 @@ from .._index import offsets_of
 from .._layout import Layout
 from .._ragged import Ragged
 from ._sizes import Sz
-from ._trace import TSpec
+from ._steps import TSpec
 
 
 def take(value: Any, index: Tensor) -> Any:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ._sizes import Sz
-from ._trace import Plan, Ref, Step, TSpec
+from ._steps import Plan, Ref, Step, TSpec, refs
 from ._values import RaggedB, canonical_layout
 
 aten = torch.ops.aten
@@ -87,8 +87,8 @@ def _row_local_of(step: Step, spec_of: Any = None) -> tuple[str, ...] | None:
     if prefix is None or spec_of is None:
         return prefix
     read: set[int] = set()
-    _refs(step.args, read)
-    _refs(step.kwargs, read)
+    refs(step.args, read)
+    refs(step.kwargs, read)
     for index in read:
         spec = spec_of(index)
         if isinstance(spec, TSpec) and spec.ragged and _prefix(spec) != prefix:
@@ -133,17 +133,6 @@ def _reduced_dims(step: Step) -> list[int] | None:
     return out
 
 
-def _refs(a: Any, out: set[int]) -> None:
-    if isinstance(a, Ref):
-        out.add(a.index)
-    elif isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
-        for v in a:
-            _refs(v, out)
-    elif isinstance(a, dict):
-        for v in a.values():
-            _refs(v, out)
-
-
 def chains(plan: Plan, count: int) -> dict[int, Chain]:
     """Chains of ``plan`` (run with ``count`` inputs) by their first step (cached)."""
     cached = getattr(plan, "_row_chains", None)
@@ -183,11 +172,11 @@ def chains(plan: Plan, count: int) -> dict[int, Chain]:
             inside = range(count + k, count + stop)
             later: set[int] = set()
             for s in steps[stop:]:
-                _refs(s.args, later)
-                _refs(s.kwargs, later)
+                refs(s.args, later)
+                refs(s.kwargs, later)
                 later.update(s.rebind or ())
             for o in plan.outputs:
-                _refs(o, later)
+                refs(o, later)
             chain.exported = {i for i in inside if i in later}
             found[k] = chain
         k = max(stop, k + 1)
@@ -210,8 +199,8 @@ def run_chain(
         if step.slot is not None or not step.batched:
             continue
         read: set[int] = set()
-        _refs(step.args, read)
-        _refs(step.kwargs, read)
+        refs(step.args, read)
+        refs(step.kwargs, read)
         for index in read:
             if base <= index < count + chain.stop:
                 continue

@@ -16,7 +16,7 @@ from ._registry import op_name
 from ._sizes import Unsupported
 
 if TYPE_CHECKING:
-    from ._trace import Step
+    from ._steps import Step
 
 _NOT_WRITES = frozenset({"requires_grad_", "retain_grad", "share_memory_"})
 
