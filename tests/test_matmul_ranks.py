@@ -1,6 +1,6 @@
 """``matmul`` of Ragged operands for every pair of sample ranks, as ``torch.matmul`` per sample.
 
-Each rank pair takes its own subscripts (``ops._products._matmul_subscripts``):
+Each rank pair takes its own subscripts (``ops._matmul._matmul_subscripts``):
 vector-vector (a dot product, dense result), vector-matrix, matrix-vector and
 matrix-matrix, with the contracted axis ragged or dense.
 """

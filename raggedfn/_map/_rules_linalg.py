@@ -205,7 +205,7 @@ def _ragged_contraction(ctx: Ctx, step: Any, a: RaggedB, b: RaggedB) -> Any:
     ``raggedfn.matmul`` (per-sample or length-bucketed dense products), not the
     packed ``(m, k, n)`` enumeration, which holds a row per (i, j) pair and reduces
     it with a segment sum (memory-bound, ~3x slower on pair states)."""
-    from ..ops._products import matmul
+    from ..ops._matmul import matmul
 
     def ragged(x: RaggedB) -> Ragged:
         x = canonicalize(ctx, x)

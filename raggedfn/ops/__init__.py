@@ -26,8 +26,9 @@ from ._elementwise import (
     where,
 )
 from ._grouped import group_by, segment_matmul
+from ._matmul import matmul
 from ._nn import layer_norm, linear, rms_norm
-from ._products import einsum, matmul
+from ._products import einsum
 from ._reduce import (
     all,
     amax,

@@ -25,7 +25,7 @@ from torch import Tensor
 from .._errors import fail
 from .._ragged import Ragged
 from . import _elementwise as ew
-from ._products import matmul, matmul_mismatch
+from ._matmul import matmul, matmul_mismatch
 
 __all__: list[str] = []
 
