@@ -1,5 +1,6 @@
 """raggedfn: pure-functional ragged tensors for PyTorch."""
 
+from . import _tree  # noqa: F401  (Ragged as a pytree node; first, before any use)
 from . import data as data
 from . import distributed as distributed
 from ._construct import check, from_lengths, from_list, from_offsets, from_sizes, unbind
