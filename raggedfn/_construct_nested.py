@@ -17,9 +17,9 @@ from torch import Tensor
 from ._errors import describe, fail
 from ._index import lengths_of, offsets_of
 from ._layout import Layout
-from ._mixed import as_rectangular, uniform_checks
+from ._mixed import uniform_checks
 from ._nested import ancestors, coordinates, partition_from_lengths
-from ._ragged import Ragged
+from ._ragged import Ragged, as_rectangular
 from ._validate import check_partition, check_structure, is_tracing
 
 

@@ -88,15 +88,6 @@ def rectangle_sides(counts: Tensor) -> Tensor:
     return torch.stack(sides, 1)
 
 
-def as_rectangular(values: Tensor, offsets: Tensor, counts: Tensor, layout: Layout) -> Any:
-    """A ``Ragged`` with rectangular ragged axes only, from a chain partition whose
-    layout has no nested axis left (``counts``: the chain's per-sample element counts)."""
-    from ._ragged import Ragged
-
-    assert not layout.num_nested, layout
-    return Ragged(values, offsets, rectangle_sides(counts), layout)
-
-
 def chain_lengths(sides: list[list[int]]) -> list[list[int]]:
     """Per-level lengths of rectangles given by their sides (one list per rectangle):
     level 0 the first side of each, level ``k`` side ``k`` once per element of level

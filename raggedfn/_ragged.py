@@ -12,7 +12,7 @@ from torch import Tensor
 from ._errors import RaggedError, describe, fail, shape_text
 from ._index import gather_ranges, lengths_of, offsets_of
 from ._layout import Axis, Layout
-from ._mixed import as_rectangular
+from ._mixed import rectangle_sides
 from ._nested import level_offsets
 from ._validate import check_partition, check_structure
 
@@ -381,6 +381,13 @@ class Ragged:
 
     def __bool__(self) -> bool:
         raise fail("Ragged.__bool__", "the truth value of a Ragged value is ambiguous")
+
+
+def as_rectangular(values: Tensor, offsets: Tensor, counts: Tensor, layout: Layout) -> Ragged:
+    """A ``Ragged`` with rectangular ragged axes only, from a chain partition whose
+    layout has no nested axis left (``counts``: the chain's per-sample element counts)."""
+    assert not layout.num_nested, layout
+    return Ragged(values, offsets, rectangle_sides(counts), layout)
 
 
 def like(x: Ragged, values: Tensor, layout: Layout | None = None) -> Ragged:

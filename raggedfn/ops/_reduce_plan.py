@@ -19,10 +19,9 @@ from .._axes import normalize_axes
 from .._errors import describe, fail
 from .._index import reduced_rows
 from .._layout import Axis, Layout
-from .._mixed import as_rectangular
 from .._nested import partition_from_lengths, reduced_levels
 from .._prims import segment_counts
-from .._ragged import Ragged, like
+from .._ragged import Ragged, as_rectangular, like
 
 
 class Plan(NamedTuple):
