@@ -15,7 +15,14 @@ per-sample Python loop (float64) and classifies the outcome:
   than ``RaggedError`` where the loop ran);
 - allowed by the contract but counted: ``refused`` (map raised ``RaggedError``
   where the loop ran), ``both-raised``, ``empty-reduction`` (the loop raised on a
-  reduction of an empty sample and map returned DESIGN §4's identity).
+  reduction of an empty sample and map returned DESIGN §4's identity), and
+  ``rounding-tie``: map's values, gradients or shapes differ from the loop's, but equal
+  those of the loop run on inputs moved by one ulp in a few random places (a decision,
+  ``h > 0`` or ``relu``, taken on a value that is zero up to rounding: the mean of a
+  centred column comes out +-1e-17 depending on the order of the additions, and the
+  mask that follows keeps or drops a row). Equality up to rounding is all a batched
+  run can promise there; a real bug (a dropped row, a wrong value) matches no nearby
+  input (``test_map_programs`` plants both kinds).
 
 Programs with random steps are compared by structure (shapes, types) and by a
 noise check: on a batch of copies of one sample, ``map``'s samples must not all
@@ -57,7 +64,10 @@ FAILURES = (
     "loop-raised",
     "crash",
 )
-ALLOWED = ("agree", "refused", "both-raised", "empty-reduction")
+ALLOWED = ("agree", "refused", "both-raised", "empty-reduction", "rounding-tie")
+# disagreements rechecked against the loop on inputs one ulp away (see the docstring)
+_TIE_KINDS = ("values", "grad", "shape")
+TIE_TRIES = 8
 GRAD_PARAMS = ("w", "b", "g", "w2", "row")
 MapFn = Callable[..., Any]
 
@@ -218,11 +228,34 @@ def check(program: Program, batch: Batch, map_fn: MapFn = raggedfn.map) -> Outco
     try:
         _check(program, batch, map_fn, caught)
     except _Found as found:
+        if found.kind in _TIE_KINDS and "random" not in program.tags():
+            for trial in range(1, TIE_TRIES + 1):
+                try:
+                    _check(program, batch, map_fn, [], nudge=trial)
+                except _Found:
+                    continue
+                return Outcome("rounding-tie", found.detail, tuple(caught))
         return Outcome(found.kind, found.detail, tuple(caught))
     return Outcome("agree", "", tuple(caught))
 
 
-def _check(program: Program, batch: Batch, map_fn: MapFn, caught: list[str]) -> None:
+def _nudged(values: torch.Tensor, trial: int) -> torch.Tensor:
+    """``values`` with about a quarter of its entries moved by one ulp, up or down
+    (the choice drawn from ``trial``); differentiable as the identity."""
+    gen = torch.Generator().manual_seed(trial)
+    pick = torch.rand(values.shape, generator=gen) < 0.25
+    up = torch.rand(values.shape, generator=gen) < 0.5
+    v = values.detach()
+    target = torch.where(up, torch.full_like(v, float("inf")), torch.full_like(v, -float("inf")))
+    moved = torch.where(pick, torch.nextafter(v, target), v)
+    return values + (moved - v)
+
+
+def _check(
+    program: Program, batch: Batch, map_fn: MapFn, caught: list[str], nudge: int = 0
+) -> None:
+    """Raise ``_Found`` on the first difference; ``nudge`` > 0: the loop runs on inputs one
+    ulp away in places (see ``_nudged``), map on the batch itself."""
     f = program.function()
     random_program = "random" in program.tags()
     template = batch.ragged()
@@ -230,7 +263,8 @@ def _check(program: Program, batch: Batch, map_fn: MapFn, caught: list[str]) -> 
     p0 = params()
     p_loop = {**p0, "buf": p0["buf"].clone()}
     p_map = {**p0, "buf": p0["buf"].clone()}
-    loop_inputs = samples(template.with_values(leaf * 1))
+    loop_values = _nudged(leaf * 1, nudge) if nudge else leaf * 1
+    loop_inputs = samples(template.with_values(loop_values))
 
     torch.manual_seed(batch.seed)
     expected, loop_error = _call(lambda: [f(s, p_loop) for s in loop_inputs], caught)
