@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     _rules_reduce,
     _rules_select,
     _rules_shape,
+    _rules_slice,
 )
 from ._compiled import static
 from ._fallback import node_loop, to_output

@@ -202,6 +202,20 @@ class Ctx:
 # ----- rows and alignment ---------------------------------------------------------
 
 
+def ragged_positions(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    """Positions of the ragged axes (``Sz`` sizes) in a per-sample ``shape``."""
+    return tuple(p for p, s in enumerate(shape) if isinstance(s, Sz))
+
+
+def rank_of(x: Any) -> int:
+    """Per-sample rank of a batched tensor value (``Unsupported`` for a per-sample size)."""
+    if isinstance(x, DenseB):
+        return x.data.ndim - 1
+    if isinstance(x, RaggedB):
+        return len(axes_of(x.layout))
+    raise Unsupported("not a tensor")
+
+
 def take_rows(values: Tensor, rows: Tensor) -> Tensor:
     """``values[rows]``: for a 1-D ``rows`` one ``index_select``, several times faster
     than advanced indexing on CPU, and its backward is an ``index_add`` rather than
