@@ -336,6 +336,29 @@ def test_19_an_empty_batch_of_a_complete_trace_has_its_structure():
     assert out.batch_size == 0 and out.values.shape == (0, 2) and total.values.shape == (0,)
 
 
+def _head_by_size(t):
+    h = t[:1]
+    return h * 2 + 1 if t.shape[0] > 2 else h - 1
+
+
+def test_19_an_empty_batch_of_two_ragged_axes_merges_without_samples():
+    """Program 8386 of seed 5: on a batch of no samples of a two-ragged-axis value, the
+    output merge read the sizes of a part of no samples (``min()`` of an empty tensor: a
+    RuntimeError where the loop runs). The empty result has f's structure; a batch with
+    samples still equals the loop."""
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(3, 4), (1, 2), (0, 3)]
+    full = raggedfn.from_list(
+        [torch.randn(*s, 2, generator=gen, dtype=torch.float64) for s in shapes],
+        ragged_dims=(1, 2),
+    )
+    empty = full[torch.zeros(0, dtype=torch.int64)]
+    out = _quiet(_head_by_size, empty)
+    assert isinstance(out, raggedfn.Ragged) and out.batch_size == 0
+    assert out.layout == full.layout and out.values.shape == (0, 2)
+    assert_restacked(_quiet(_head_by_size, full), [_head_by_size(s) for s in raggedfn.unbind(full)])
+
+
 def test_19_strict_runs_empty_samples_per_sample_without_a_warning():
     x = raggedfn.from_list(_samples([0, 3]))
     with warnings.catch_warnings():
@@ -781,3 +804,14 @@ def test_19_torch_guards_against_empty_samples_hold_them_under_compile():
     # as _compiled_equals_eager: the first call's graph and at most one more (the
     # trace made while compiling); new lengths never add one
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+
+
+def test_19_a_part_of_no_samples_does_not_make_a_merged_axis_ragged():
+    """merge: sizes come from the parts that have samples (an empty part has none)."""
+    from raggedfn._map._split import merge
+
+    same = raggedfn.from_list([torch.ones(2, 3), torch.zeros(2, 3)])
+    none = same[torch.zeros(0, dtype=torch.int64)]
+    out = merge([(torch.tensor([1, 0]), same), (torch.zeros(0, dtype=torch.int64), none)], 2)
+    assert isinstance(out, torch.Tensor)  # every sample [2, 3]: dense, as without the part
+    assert torch.equal(out, torch.stack([torch.zeros(2, 3), torch.ones(2, 3)]))

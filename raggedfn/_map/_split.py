@@ -108,6 +108,9 @@ def _sizes_at(v: Tensor | Ragged) -> list[int | None]:
             out.append(int(v.values.shape[1 + a.index]))
             continue
         column = v.sizes[:, a.index]
+        if not column.numel():  # no samples: no size to tell
+            out.append(None)
+            continue
         low, high = int(column.min()), int(column.max())
         out.append(low if low == high else None)
     return out
@@ -130,6 +133,8 @@ def merge(parts: list[tuple[Tensor, Any]], batch_size: int, ragged: tuple[int, .
     axis where the first trace saw a fixed size: ``t[:1]`` under ``n > 3`` and
     under ``n <= 3``).
     """
+    if any(len(i) for i, _ in parts):  # parts of no samples say nothing about sizes
+        parts = [(i, v) for i, v in parts if len(i)]
     values = [v for _, v in parts]
     order = torch.cat([i for i, _ in parts])
     inverse = torch.empty_like(order)
@@ -160,6 +165,9 @@ def merge(parts: list[tuple[Tensor, Any]], batch_size: int, ragged: tuple[int, .
             pieces.append(_dense_as_ragged(v, None, layout))
         elif _ragged_positions(v) == positions:
             pieces.append(_standard(v, layout))
+        elif not v.batch_size:  # no samples to rebuild from: an empty value of the layout
+            shape = [0 if n is None else n for n in _sizes_at(v)]
+            pieces.append(_dense_as_ragged(v.values.new_empty(0, *shape), None, layout))
         else:  # a part with other ragged axes (rare): rebuilt from its samples
             pieces.append(
                 from_list(list(unbind(v)), ragged_dims=tuple(1 + p for p in sorted(positions)))
