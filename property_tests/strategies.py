@@ -79,6 +79,9 @@ def _random_values(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> tor
 # Kinds of values: "normal" draws randn; the rest are the extremes (see extreme_values).
 VALUE_KINDS = ("normal", "large", "shifted", "neg_inf", "all_equal", "ties", "subnormal")
 EXTREMES = st.sampled_from(VALUE_KINDS[1:])
+# +inf and NaN entries: only the ops whose torch answer is defined there draw these
+NON_FINITE_KINDS = ("pos_inf", "nan")
+NON_FINITE = st.sampled_from((*NON_FINITE_KINDS, "neg_inf", "large"))
 
 
 def extreme_values(
@@ -96,7 +99,9 @@ def extreme_values(
             a third of the entries -inf, often whole rows); ``"all_equal"`` (one value
             everywhere, 0 or +-1e3 or 1.5); ``"ties"`` (+-1e3 * a few half-integers:
             many exact ties); ``"subnormal"`` (small multiples of the dtype's
-            smallest normal number / 8: subnormal or zero).
+            smallest normal number / 8: subnormal or zero); ``"pos_inf"`` (+-1e3 * randn
+            with about a fifth of the entries +inf and a fifth -inf); ``"nan"`` (+-1e3 *
+            randn with about a sixth of the entries NaN).
 
     Returns:
         ``shape`` tensor of ``dtype``.
@@ -124,8 +129,16 @@ def extreme_values(
         # k * 2**-129 (float32) or k * 2**-1025 (float64): exact in float64, subnormal in dtype
         steps = torch.randint(-4, 5, shape, generator=gen, dtype=torch.float64)
         out = steps * (torch.finfo(dtype).tiny / 8)
+    elif kind == "pos_inf":
+        pick = torch.rand(shape, generator=gen)
+        out = torch.where(pick < 0.2, float("inf"), normal * 1e3)
+        out = torch.where(pick > 0.8, float("-inf"), out)
+    elif kind == "nan":
+        hit = torch.rand(shape, generator=gen) < 0.17
+        out = torch.where(hit, float("nan"), normal * 1e3)
     else:
-        raise ValueError(f"unknown kind of values {kind!r}; expected one of {VALUE_KINDS}")
+        kinds = (*VALUE_KINDS, *NON_FINITE_KINDS)
+        raise ValueError(f"unknown kind of values {kind!r}; expected one of {kinds}")
     return out.to(dtype)
 
 

@@ -26,7 +26,13 @@ from hypothesis import strategies as st
 
 import raggedfn
 from property_tests.reference import pack_like, samples
-from property_tests.strategies import EXTREMES, VALUE_KINDS, extreme_values, raggeds
+from property_tests.strategies import (
+    EXTREMES,
+    NON_FINITE,
+    VALUE_KINDS,
+    extreme_values,
+    raggeds,
+)
 from property_tests.test_attention_props import check_problem
 from property_tests.test_reduce_props import OPS, _policy, _sample_dims, reduced_dims
 
@@ -222,6 +228,26 @@ def test_softmax_and_cumsum_at_extremes_match_torch(name: str, data: st.DataObje
         x,
         data.draw(st.integers(0, 2**16)),
     )
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "logsumexp"])
+@SETTINGS
+@given(data=st.data())
+def test_softmax_family_with_inf_and_nan_matches_torch(name: str, data: st.DataObject) -> None:
+    """+inf, -inf and NaN entries: torch subtracts the raw max, so a slice holding +inf, a
+    NaN or only -inf is NaN throughout (logsumexp: +inf, NaN, -inf); ours the same."""
+    x = data.draw(raggeds(dtype=FLOATS, requires_grad=True, values=NON_FINITE))
+    seed = data.draw(st.integers(0, 2**16))
+    if name == "logsumexp":
+        op, ref, _ = OPS[name]
+        dims = data.draw(reduced_dims(x, True))
+        keepdim = data.draw(st.booleans())
+        sample_dims = _sample_dims(x, dims)
+        _compare(name, lambda x: op(x, dims, keepdim), lambda s: ref(s, sample_dims, keepdim), x, seed)  # fmt: skip
+        return
+    op, torch_op = NORMALISE[name]
+    dim = data.draw(st.sampled_from([*x.ragged_dims, *range(1, x.layout.rank + 1)]))
+    _compare(name, lambda x: op(x, dim), lambda s: torch_op(s, dim - 1), x, seed)
 
 
 def test_logsumexp_and_softmax_of_large_equal_values_do_not_overflow() -> None:

@@ -430,14 +430,15 @@ def test_softmax_with_bounds_equals_torch_per_segment(limit, dtype, monkeypatch)
     got = _prims.segment_softmax(values, segments, num, bounds)
     want = torch.cat([part.softmax(0) for part in values.split(lengths)])
     torch.testing.assert_close(got, want, equal_nan=True)
-    # +inf (where raggedfn gives NaN on that row and 0 beside it, torch NaN throughout):
-    # the same answer as the general path with unsorted segment ids
+    # +inf: NaN throughout its segment's column (exp(inf - inf)), as torch, on both paths
     values[7, 0] = inf
+    want = torch.cat([part.softmax(0) for part in values.split(lengths)])
+    assert want[4:8, 0].isnan().all() and not want[4:8, 1].isnan().any()
     general = _prims.segment_softmax(values, segments, num)
+    torch.testing.assert_close(general, want, equal_nan=True)
     torch.testing.assert_close(
-        _prims.segment_softmax(values, segments, num, bounds), general, equal_nan=True
+        _prims.segment_softmax(values, segments, num, bounds), want, equal_nan=True
     )
-    assert general[7, 0].isnan() and general[4:7, 0].eq(0).all()
 
 
 @pytest.mark.parametrize("limit", [0, 10**9])

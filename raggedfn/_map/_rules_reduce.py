@@ -208,9 +208,11 @@ def reduce_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
         if kind == "std":
             out = out.sqrt()
     elif kind == "logsumexp":
-        # logsumexp over the dense axes of each row first: the logsumexp of those is
-        # the logsumexp of all the elements
-        out = _prims.segment_logsumexp(over_dense(values, torch.logsumexp), index, count)
+        # the dense axes and the rows in one pass (one shift, one sum): as torch's own
+        # logsumexp over all of them, in values and in slopes
+        out = _prims.segment_logsumexp(values, index, count, tuple(value_dims))
+        if value_dims:
+            out = out.squeeze(tuple(value_dims))
     elif kind == "norm":
         order = bound.get("ord", bound.get("p", 2))
         order = 2 if order is None else order

@@ -10,6 +10,7 @@ segment of only ``-inf`` it follows torch (value ``-inf``, gradient NaN).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -20,18 +21,40 @@ from ._forward import call
 from ._segment import broadcast, segment_counts, segment_sum
 
 
-def _shift(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
-    """Per-segment max (a constant for the softmax family); 0 where it is not finite."""
-    with torch.no_grad():  # a constant: the forward kernel alone, no autograd.Function
-        peak = _reduce(values.detach(), segments, num_segments, largest=True)
-    # one kernel for where(isfinite(peak), peak, 0) (isfinite alone dispatches four)
-    return torch.nan_to_num(peak, nan=0.0, posinf=0.0, neginf=0.0)
+def _peak(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+    """Per-segment max, a constant (the forward kernel alone, no autograd.Function)."""
+    with torch.no_grad():
+        return _reduce(values.detach(), segments, num_segments, largest=True)
+
+
+def _shift(
+    values: Tensor, segments: Tensor, num_segments: int, dims: tuple[int, ...] = ()
+) -> Tensor:
+    """The logsumexp shift: per-segment max over the finite entries (and over ``dims``,
+    kept with size 1), 0 where there is none. A +inf entry still makes the sum +inf
+    (torch.logsumexp's value) while the finite entries' ``exp`` cannot overflow, so their
+    slope ``exp(x - lse)`` is 0 as torch's (a shift of 0 would give inf / inf there)."""
+    with torch.no_grad():  # a constant: the forward kernels alone
+        finite = values.detach().nan_to_num(nan=-math.inf, posinf=-math.inf)
+        if dims and all(finite.shape[d] > 0 for d in dims):
+            finite = finite.amax(dims, keepdim=True)
+        elif dims:  # amax refuses an empty axis: nothing there, so no shift
+            shape = [1 if d in dims else n for d, n in enumerate(finite.shape)]
+            finite = finite.new_full(shape, -math.inf)
+        peak = _reduce(finite, segments, num_segments, largest=True)
+    return peak.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+# Softmax and log-softmax subtract the raw per-segment max, as torch.softmax does: a
+# segment with a +inf entry, only -inf entries or a NaN entry is NaN throughout
+# (exp(inf - inf), exp(-inf - -inf)). A max made finite (as logsumexp's shift) would give
+# inf/inf at the +inf entry and 0 beside it. A segment without rows is never gathered.
 
 
 def _softmax(
     values: Tensor, segments: Tensor, num_segments: int, _bounds: Tensor | None = None
 ) -> Tensor:
-    exp = torch.exp(values - broadcast(_shift(values, segments, num_segments), segments))
+    exp = torch.exp(values - broadcast(_peak(values, segments, num_segments), segments))
     return exp / broadcast(segment_sum(exp, segments, num_segments), segments)
 
 
@@ -47,7 +70,7 @@ def _softmax_forward(
 ) -> Tensor:
     """:func:`_softmax` reusing its own fresh buffers (a Function's forward is not recorded)."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        out = values - broadcast(_shift(values, segments, num_segments), segments)
+        out = values - broadcast(_peak(values, segments, num_segments), segments)
         out.exp_()
         return out.div_(broadcast(segment_sum(out, segments, num_segments), segments))
     if (
@@ -60,7 +83,7 @@ def _softmax_forward(
         # offsets) have id S, which index_select refuses; an empty segment's -inf max is
         # never gathered
         peak = torch.segment_reduce(values, "max", offsets=bounds)
-        out = values - peak.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).index_select(0, segments)
+        out = values - peak.index_select(0, segments)
         out.exp_()
         total = torch.segment_reduce(out, "sum", offsets=bounds)
         return out.div_(total.index_select(0, segments))
@@ -70,14 +93,14 @@ def _softmax_forward(
     index = segments.view(-1, *[1] * len(rest)).expand_as(values)
     peak = values.new_full((num_segments, *rest), identity(values.dtype, True))
     peak.scatter_reduce_(0, index, values, "amax", include_self=False)
-    out = values - peak.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0).index_select(0, segments)
+    out = values - peak.index_select(0, segments)
     out.exp_()
     total = out.new_zeros((num_segments, *rest)).index_add_(0, segments, out)
     return out.div_(total.index_select(0, segments))
 
 
 def _log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
-    shifted = values - broadcast(_shift(values, segments, num_segments), segments)
+    shifted = values - broadcast(_peak(values, segments, num_segments), segments)
     total = segment_sum(torch.exp(shifted), segments, num_segments)
     return shifted - broadcast(torch.log(total), segments)
 
@@ -183,8 +206,16 @@ def segment_log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> 
     )
 
 
-def segment_logsumexp(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
+def segment_logsumexp(
+    values: Tensor, segments: Tensor, num_segments: int, dims: tuple[int, ...] = ()
+) -> Tensor:
     """``log(sum(exp(values)))`` of each segment, stabilised; ``[S, *rest]``.
+
+    With ``dims`` (axes of ``values`` after the leading one) the sum also runs over
+    those axes, kept with size 1: one shift (the max over everything reduced) and one
+    sum, as ``torch.logsumexp`` over all the axes at once. Two stages (a logsumexp of
+    each row, then of the rows) would give the same value but a NaN slope where a row's
+    partial result is ``+inf`` and its cotangent 0, where torch's is 0.
 
     As ``torch.logsumexp`` (and so as the per-sample loop it stands for): a
     segment whose rows are all ``-inf`` gives ``-inf`` and its gradient is
@@ -193,8 +224,11 @@ def segment_logsumexp(values: Tensor, segments: Tensor, num_segments: int) -> Te
     rows also gives ``-inf``, but it has no rows to differentiate: its log is
     taken behind a ``where``, so that no derivative of any order is NaN there.
     """
-    shift = _shift(values, segments, num_segments)
-    total = segment_sum(torch.exp(values - broadcast(shift, segments)), segments, num_segments)
+    shift = _shift(values, segments, num_segments, dims)
+    exp = torch.exp(values - broadcast(shift, segments))
+    if dims:
+        exp = exp.sum(dims, keepdim=True)
+    total = segment_sum(exp, segments, num_segments)
     counts = segment_counts(segments, num_segments).view(-1, *[1] * (total.ndim - 1))
     present = (counts > 0).expand_as(total)
     safe = torch.where(present, total, torch.ones_like(total))

@@ -184,23 +184,24 @@ def logsumexp(x: Ragged, dim: Dim = None, keepdim: bool = False) -> Result:
     if axes is None:
         return full_result(x, torch.logsumexp(x.values.reshape(-1), 0), keepdim)
     p = plan(x, axes)
-
-    def segment(v: Tensor, segments: Tensor, num: int, _counts: Tensor) -> Tensor:
-        return segment_logsumexp(v, segments, num)
-
-    return finish(x, p, apply(p, x.values, _dense_logsumexp, segment), keepdim)
+    if p.segments is None:
+        return finish(x, p, _dense_logsumexp(x.values, p.dense_dims), keepdim)
+    # dense and ragged axes in one pass: one shift and one sum (see segment_logsumexp)
+    out = segment_logsumexp(x.values, p.segments, p.num_segments, p.dense_dims)
+    return finish(x, p, out, keepdim)
 
 
 def _dense_logsumexp(values: Tensor, dims: tuple[int, ...]) -> Tensor:
     """``torch.logsumexp(values, dims, keepdim=True)`` with a finite gradient for a line that
-    is -inf throughout (torch's is NaN there: exp(-inf - -inf)). Its -inf then meets finite
-    rows of the same sample in the segment step, where torch's own gradient is finite too."""
+    is -inf throughout (torch's is NaN there: exp(-inf - -inf))."""
     if _size(values, dims) == 0:
         return torch.logsumexp(values, dims, keepdim=True)
-    peak = values.detach().amax(dims, keepdim=True)
-    shift = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
+    # the max of the finite entries (see _prims._softmax._shift): with a +inf entry the
+    # others' exp cannot overflow, so their slope is 0 as torch's
+    finite = values.detach().nan_to_num(nan=-math.inf, posinf=-math.inf)
+    shift = finite.amax(dims, keepdim=True).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
     total = torch.exp(values - shift).sum(dims, keepdim=True)
-    present = total > 0
+    present = total != 0  # a NaN entry's NaN total is kept (total > 0 would make it -inf)
     safe = torch.where(present, total, torch.ones_like(total))
     return torch.where(present, torch.log(safe), float("-inf")) + shift
 
