@@ -63,13 +63,40 @@ def _normalize_in_dims(fn: str, in_dims: Any, count: int) -> tuple[Any, ...]:
     return dims
 
 
+# the tree spec (and its text) of a tuple of n leaves, the common call: every argument
+# a Ragged value or a tensor (a pytree spec is immutable: one per n serves every call)
+_FLAT_SPECS: dict[int, tuple[Any, str]] = {}
+
+
+def flat_spec(count: int) -> tuple[Any, str]:
+    """``(tree spec, str(tree spec))`` of a tuple of ``count`` leaves."""
+    found = _FLAT_SPECS.get(count)
+    if found is None:
+        spec = pytree.tree_structure(tuple(range(count)))
+        found = _FLAT_SPECS[count] = (spec, str(spec))
+    return found
+
+
+def spec_text(treespec: Any) -> str:
+    """``str(treespec)``, read from :func:`flat_spec` for the specs it made."""
+    found = _FLAT_SPECS.get(treespec.num_children)
+    if found is not None and found[0] is treespec:
+        return found[1]
+    return str(treespec)
+
+
 def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ...]:
     dims = _normalize_in_dims(fn_name, in_dims, len(args))
-    leaves, treespec = pytree.tree_flatten(args, is_leaf=is_ragged_leaf)
-    mapped: list[bool] = []
-    for a, d in zip(args, dims, strict=True):
-        count = len(pytree.tree_leaves(a, is_leaf=is_ragged_leaf))
-        mapped.extend([d == 0] * count)
+    if all(type(a) is Ragged or type(a) is torch.Tensor for a in args):
+        # each argument is one leaf (is_ragged_leaf of a Ragged, a plain tensor)
+        leaves, treespec = list(args), flat_spec(len(args))[0]
+        mapped = [d == 0 for d in dims]
+    else:
+        leaves, treespec = pytree.tree_flatten(args, is_leaf=is_ragged_leaf)
+        mapped = []
+        for a, d in zip(args, dims, strict=True):
+            count = len(pytree.tree_leaves(a, is_leaf=is_ragged_leaf))
+            mapped.extend([d == 0] * count)
     kinds = leaf_kinds(leaves, mapped)
     batch_sizes: list[Any] = []
     for leaf, kind in zip(leaves, kinds, strict=True):
@@ -104,9 +131,12 @@ def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
     own in every sample (one host sync). Equal axes share one symbol in the trace, so
     ``p + p.transpose(0, 1)`` on square pair states, or pair and token inputs of the
     same length, trace without a size mismatch."""
+    count = sum(
+        leaf.num_ragged for leaf, kind in zip(leaves, kinds, strict=True) if kind == "ragged"
+    )
+    if count < 2:  # nothing to compare (and no columns to slice out)
+        return tuple(range(count))
     columns = _columns(leaves, kinds)
-    if len(columns) < 2:
-        return tuple(range(len(columns)))
     table = torch.stack(columns, 1)
     equal = (table[:, :, None] == table[:, None, :]).all(0).tolist()
     return tuple(row.index(True) for row in equal)
@@ -126,7 +156,7 @@ def _lookup(
     f: Any, leaves: list[Any], kinds: list[str], treespec: Any, dims: Any
 ) -> tuple[Variant, list[Any], _cache.Entry, tuple[int, ...]]:
     classes = size_classes(leaves, kinds)
-    static = (dims, str(treespec), signature(leaves, kinds), classes, _cache.global_state())
+    static = (dims, spec_text(treespec), signature(leaves, kinds), classes, _cache.global_state())
     roots = _roots(f, leaves, kinds)
     values = [r for r, _ in roots]
     with _LOCK:

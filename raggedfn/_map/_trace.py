@@ -69,14 +69,27 @@ def leaf_kinds(leaves: list[Any], mapped: list[bool]) -> list[str]:
     return kinds
 
 
+# the signature entry of a ragged leaf, by (layout code, dtype, dense shape, device): all
+# plain hashable values here (map traces eagerly; the compiled path does not come here)
+_RAGGED_SIGNATURES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+
+
 def signature(leaves: list[Any], kinds: list[str]) -> tuple[Any, ...]:
     """Everything a trace depends on except ragged sizes (and tensor contents)."""
     out: list[Any] = []
     for leaf, kind in zip(leaves, kinds, strict=True):
         if kind == "ragged":
-            axes = tuple((a.ragged, a.index) for a in axes_of(leaf.layout))
             v = leaf.values
-            out.append(("R", axes, str(v.dtype), tuple(int(d) for d in v.shape[1:]), str(v.device)))
+            key = (leaf.layout.code, v.dtype, v.shape[1:], v.device)
+            # (a fake tensor's sizes may be symbolic: not a key)
+            found = _RAGGED_SIGNATURES.get(key) if type(v) is Tensor else None
+            if found is None:
+                axes = tuple((a.ragged, a.index) for a in axes_of(leaf.layout))
+                dense = tuple(int(d) for d in v.shape[1:])
+                found = ("R", axes, str(v.dtype), dense, str(v.device))
+                if type(v) is Tensor:
+                    _RAGGED_SIGNATURES[key] = found
+            out.append(found)
         elif kind == "dense":
             out.append(
                 ("D", str(leaf.dtype), tuple(int(d) for d in leaf.shape[1:]), str(leaf.device))
