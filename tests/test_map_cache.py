@@ -106,3 +106,32 @@ def test_the_cache_stays_bounded_and_counts_evictions():
     assert info.variants == _cache.MAX_VARIANTS
     assert info.evictions == 3
     assert info.traces == _cache.MAX_VARIANTS + 3
+
+
+def test_a_tuple_argument_and_a_bare_one_do_not_share_a_plan():
+    """``map(f, x)`` takes the flat-argument shortcut, ``map(f, (x,))`` the pytree
+    flatten: the same leaves and signature, but other tree specs, so each call gets its
+    own plan; so do values of another dtype or dense shape."""
+
+    def f(t):
+        return t[0] * 2 if isinstance(t, tuple) else t * 3
+
+    x = tokens([2, 0, 3])
+    for _ in range(2):  # and again, from the cache
+        assert torch.equal(raggedfn.map(f, x).values, x.values * 3)
+        assert torch.equal(raggedfn.map(f, (x,)).values, x.values * 2)
+        shared = raggedfn.map(lambda t, w: t * w, x, torch.full((D,), 5.0), in_dims=(0, None))
+        assert torch.equal(shared.values, x.values * 5)
+        for other in (x, tokens([2, 0, 3], dtype=torch.float32), tokens([2, 0, 3], dim=D + 1)):
+            out = raggedfn.map(scaled, other)  # the width is baked into the trace
+            width = other.values.shape[-1]
+            assert out.dtype == other.dtype and torch.equal(out.values, other.values * width)
+        turned = raggedfn.transpose(x, 1, 2)  # the same values, another layout: t * N
+        for got, sample in zip(
+            raggedfn.unbind(raggedfn.map(scaled, turned)), raggedfn.unbind(turned), strict=True
+        ):
+            assert torch.equal(got, sample * sample.shape[-1])
+
+
+def scaled(t):
+    return t * t.shape[-1]
