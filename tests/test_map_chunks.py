@@ -306,3 +306,62 @@ def test_small_calls_skip_the_per_sample_costs(monkeypatch):
     assert calls == []
     assert_same(raggedfn.map(block, x, *ps, in_dims=IN_DIMS, chunk_elements=9215), want)
     assert calls == [1]
+
+
+def broadcasts(s):
+    """Pair states built inside the tiles: a broadcast product at the head of a chain,
+    row and column vectors (``[N, 1, 1]``, ``[1, N, 1]``) added in its middle, and an
+    operand with the chain's rows in another dense order (a transpose)."""
+    p = s[:, None] * s[None]
+    norm = s.pow(2).sum(-1)
+    h = torch.tanh(MLP.up(p)) + norm[:, None, None] - 0.5 * norm[None, :, None]
+    q = MLP.down(h).sum(-1)
+    t = s[:, None, :, None] * s[None, :, None, :]  # [N, N, C, C]
+    u = torch.exp(-torch.tanh(t) - t.transpose(-1, -2)).mean((-2, -1))
+    return torch.softmax(q + u, -1) @ s
+
+
+def _no_whole_pair_state(report, ops):
+    """The broadcasts ran inside the tiles (no batched op of theirs outside)."""
+    assert report.batched.get("row tiles", 0) >= 1, report.batched
+    for op in ops:
+        assert op not in report.batched, report.batched
+
+
+@pytest.mark.parametrize("tile", [16, 100, 1 << 18])
+def test_tiles_build_the_pair_state_from_its_rows(monkeypatch, tile):
+    from raggedfn._map import _tiles
+
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", tile)
+    x = tokens(LENGTHS, seed=15)
+    kwargs = {"chunk_elements": 1 << 40}
+    if tile < 1 << 18:
+        report = raggedfn.map_report(broadcasts, x, **kwargs)
+        _no_whole_pair_state(report, ["aten.add.Tensor", "aten.sub.Tensor"])
+        ps = params(seed=16)
+        report = raggedfn.map_report(block, x, *ps, in_dims=IN_DIMS, **kwargs)
+        _no_whole_pair_state(report, ["aten.add.Tensor"])
+    assert_same(raggedfn.map(broadcasts, x, **kwargs), loop(broadcasts, x))
+    values = x.values.detach().requires_grad_()
+    leaves = [values, *MLP.parameters()]
+    out = raggedfn.map(broadcasts, raggedfn.from_lengths(values, x.lengths), **kwargs).values
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    got = torch.autograd.grad((out * weights).sum(), leaves)
+    per = torch.cat([broadcasts(s) for s in values.split(x.lengths.tolist())])
+    want = torch.autograd.grad((per * weights).sum(), leaves)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_pair_state_tiles_gradcheck(monkeypatch):
+    from raggedfn._map import _tiles
+
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 40)
+    x = tokens((3, 2, 4), seed=17)
+    values = x.values.detach().requires_grad_()
+
+    def fn(v):
+        return raggedfn.map(broadcasts, raggedfn.from_lengths(v, x.lengths)).values
+
+    assert torch.autograd.gradcheck(fn, (values,))
+    assert torch.autograd.gradgradcheck(fn, (values,))

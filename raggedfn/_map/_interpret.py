@@ -177,10 +177,13 @@ def run(
     k = 0
     while k < len(plan.steps):
         chain = row_chains.get(k)
-        if chain is not None and run_chain(plan, chain, values, count, resolve, run_plain):
-            if recorder is not None:
+        if chain is not None:
+            tiled = run_chain(ctx, plan, chain, values, count, resolve, run_plain)
+            if tiled and recorder is not None:
                 recorder.batched["row tiles"] = recorder.batched.get("row tiles", 0) + 1
             for j in range(chain.start, chain.stop):
+                if not tiled and j in chain.members:
+                    run_plain(j)  # no rebind, no new size: a row-local op
                 for index in frees[j]:
                     values[index] = None
             k = chain.stop

@@ -10,10 +10,14 @@ a few thousand rows, the whole chain stays in the L2 cache, forward and backward
 
 A chain is a run of consecutive plan steps, each an op in :data:`ROW_OPS` whose
 result has the same ragged sizes (leading logical axes) as the others; tensors that
-do not depend on the sample (weights) enter as they are. Values of the chain that
-later steps or the outputs read are joined with one ``cat``; the rest live only
-inside a tile. Anything the tile runner does not expect sends the chain back to the
-ordinary step-by-step path.
+do not depend on the sample (weights) enter as they are. A pointwise op may broadcast
+a ragged operand along a ragged axis (``s[:, None] + s[None]``): each tile gathers
+its own rows of it (``index_select`` with the tile's slice of the row index), so the
+pair state exists only tile by tile. Steps between the chain's ops that read none of
+its values (weights, the vector a pair state is built from) run first, as a whole.
+Values of the chain that later steps or the outputs read are joined with one
+``cat``; the rest live only inside a tile. Anything the tile runner does not expect
+sends the chain back to the ordinary step-by-step path.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._sizes import Sz
-from ._steps import Plan, Ref, Step, TSpec, refs
-from ._values import RaggedB, canonical_layout
+from ._sizes import Sz, Unsupported
+from ._trace import Plan, Ref, Step, TSpec
+from ._values import Ctx, RaggedB, canonical_layout, ragged_alignment, take_rows
 
 aten = torch.ops.aten
 
@@ -56,16 +60,34 @@ ROW_OPS = frozenset(
 # reductions over fixed-size trailing axes: row-local too (their dims are rewritten
 # from the sample's logical axes to the tile's: negative, counted from the end)
 ROW_REDUCTIONS = frozenset({aten.sum, aten.mean})
+# ops whose ragged operands may broadcast along a ragged axis of the result (the pair
+# state ``s[:, None] + s[None]``): a tile gathers its own rows of each such operand,
+# so the broadcast result never exists for the whole batch
+BROADCAST_OPS = frozenset({aten.add, aten.sub, aten.mul, aten.div, aten.rsub})
 
 
 class Chain:
-    __slots__ = ("exported", "prefix", "rank", "start", "stop")
+    __slots__ = ("exported", "members", "prefix", "start", "stop")
 
-    def __init__(self, start: int, stop: int, prefix: tuple[str, ...]) -> None:
+    def __init__(self, start: int, stop: int, prefix: tuple[str, ...], members: list[int]) -> None:
         self.start = start  # steps start..stop-1
         self.stop = stop
         self.prefix = prefix  # keys of the leading ragged sizes
+        # the steps run on tiles; the others in start..stop read no value of the chain
+        # (a weight, the vector a pair state is built from) and run first, as a whole
+        self.members = members
         self.exported: set[int] = set()  # chain steps whose values are read after it
+
+
+def _hoistable(step: Step, inside: set[int]) -> bool:
+    """Whether a step between a chain's ops may run before them: it reads no value of
+    the chain, draws no random numbers and writes nothing in place."""
+    if step.rebind or step.defines or step.random:
+        return False
+    read: set[int] = set()
+    _refs(step.args, read)
+    _refs(step.kwargs, read)
+    return not (read & inside)
 
 
 def _prefix(spec: Any) -> tuple[str, ...] | None:
@@ -87,12 +109,15 @@ def _row_local_of(step: Step, spec_of: Any = None) -> tuple[str, ...] | None:
     if prefix is None or spec_of is None:
         return prefix
     read: set[int] = set()
-    refs(step.args, read)
-    refs(step.kwargs, read)
+    _refs(step.args, read)
+    _refs(step.kwargs, read)
+    broadcast = step.target.overloadpacket in BROADCAST_OPS
     for index in read:
         spec = spec_of(index)
         if isinstance(spec, TSpec) and spec.ragged and _prefix(spec) != prefix:
-            return None
+            keys = {s.key for s in spec.shape if isinstance(s, Sz)}
+            if not broadcast or not keys <= set(prefix):
+                return None
     return prefix
 
 
@@ -133,6 +158,17 @@ def _reduced_dims(step: Step) -> list[int] | None:
     return out
 
 
+def _refs(a: Any, out: set[int]) -> None:
+    if isinstance(a, Ref):
+        out.add(a.index)
+    elif isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+        for v in a:
+            _refs(v, out)
+    elif isinstance(a, dict):
+        for v in a.values():
+            _refs(v, out)
+
+
 def chains(plan: Plan, count: int) -> dict[int, Chain]:
     """Chains of ``plan`` (run with ``count`` inputs) by their first step (cached)."""
     cached = getattr(plan, "_row_chains", None)
@@ -155,28 +191,30 @@ def chains(plan: Plan, count: int) -> dict[int, Chain]:
         if prefix is None:
             k += 1
             continue
+        members = [k]
+        inside = {count + k}
         stop = k + 1
         while stop < len(steps):
             nxt = steps[stop]
             if nxt.slot is not None or not nxt.batched:
                 stop += 1  # a weight read or prepared between the ops: no sample in it
                 continue
-            if _row_local(nxt) != prefix:
+            if _row_local(nxt) == prefix:
+                members.append(stop)
+                inside.add(count + stop)
+            elif not _hoistable(nxt, inside):
                 break
             stop += 1
-        while stop > k and _row_local(steps[stop - 1]) is None:
-            stop -= 1  # end on an op of the chain
-        members = sum(1 for s in steps[k:stop] if _row_local(s) is not None)
-        if members >= MIN_CHAIN:
-            chain = Chain(k, stop, prefix)
-            inside = range(count + k, count + stop)
+        stop = members[-1] + 1  # end on an op of the chain
+        if len(members) >= MIN_CHAIN:
+            chain = Chain(k, stop, prefix, members)
             later: set[int] = set()
             for s in steps[stop:]:
-                refs(s.args, later)
-                refs(s.kwargs, later)
+                _refs(s.args, later)
+                _refs(s.kwargs, later)
                 later.update(s.rebind or ())
             for o in plan.outputs:
-                refs(o, later)
+                _refs(o, later)
             chain.exported = {i for i in inside if i in later}
             found[k] = chain
         k = max(stop, k + 1)
@@ -185,61 +223,100 @@ def chains(plan: Plan, count: int) -> dict[int, Chain]:
 
 
 def run_chain(
-    plan: Plan, chain: Chain, values: list[Any], count: int, resolve: Any, run_plain: Any
+    ctx: Ctx,
+    plan: Plan,
+    chain: Chain,
+    values: list[Any],
+    count: int,
+    resolve: Any,
+    run_plain: Any,
 ) -> bool:
-    """Run ``chain`` on row tiles, writing its values into ``values``; False (nothing
-    written) when its operands are not what tiles need. ``run_plain(k)`` runs step
-    ``k`` the ordinary way (a weight read between the chain's ops)."""
+    """Run the steps of ``chain`` that are not its members (``run_plain(k)`` runs step
+    ``k`` the ordinary way), then its members on row tiles, writing their values into
+    ``values``; False (members not run) when their operands are not what tiles need."""
+    for k in range(chain.start, chain.stop):
+        if k not in chain.members:
+            run_plain(k)
     steps = plan.steps[chain.start : chain.stop]
     base = count + chain.start
+    sz = tuple(_sizes(steps, chain))
+    layout_of: dict[int, Any] = {}  # rank -> the canonical layout of a chain result of that rank
     struct = None
     widths: list[int] = []
     entries: dict[int, Tensor] = {}
-    for step in steps:
-        if step.slot is not None or not step.batched:
-            continue
+    # operands broadcast along a ragged axis: (values, rows of each result row, finish)
+    gathers: dict[int, tuple[Tensor, Tensor, Any]] = {}
+    ranks: dict[int, int] = {}  # the result rank each such operand is aligned to
+    aligned = False  # an operand laid out through the chain's own struct
+    for step in (plan.steps[k] for k in chain.members):
         read: set[int] = set()
-        refs(step.args, read)
-        refs(step.kwargs, read)
+        _refs(step.args, read)
+        _refs(step.kwargs, read)
+        rank = len(step.out.shape)
         for index in read:
-            if base <= index < count + chain.stop:
+            if index - count in chain.members:
                 continue
             v = values[index]
             if isinstance(v, RaggedB):
                 ragged = len(v.sz)
-                if v.layout != canonical_layout(len(v.shape()), tuple(range(ragged))):
-                    return False
-                if tuple(s.key for s in v.sz) != chain.prefix:
-                    return False
+                if tuple(s.key for s in v.sz) != chain.prefix or v.layout != canonical_layout(
+                    len(v.shape()), tuple(range(ragged))
+                ):
+                    if step.target.overloadpacket not in BROADCAST_OPS:
+                        return False
+                    if index in ranks:
+                        if ranks[index] != rank:
+                            return False  # aligned two ways: not worth a second plan
+                        continue
+                    ranks[index] = rank
+                    if rank not in layout_of:
+                        layout_of[rank] = canonical_layout(rank, tuple(range(len(sz))))
+                    try:
+                        index_rows, finish = ragged_alignment(
+                            ctx, v, step.out.shape, layout_of[rank], ctx.struct(sz)
+                        )
+                    except Unsupported:
+                        return False
+                    aligned = True
+                    if index_rows is None:  # its own rows in another dense order
+                        entries[index] = finish(v.values)
+                    else:
+                        gathers[index] = (v.values, index_rows, finish)
+                    continue
                 if struct is None:
                     struct = v.struct
                 elif v.struct is not struct:
                     return False
                 entries[index] = v.values
             elif isinstance(v, Tensor):
-                dense = len(step.out.shape) - len(chain.prefix)
+                dense = rank - len(chain.prefix)
                 if step.target.overloadpacket is not aten.linear and v.ndim > dense:
                     return False  # it would broadcast along a ragged axis
             elif not isinstance(v, (int, float, bool, type(None))):
                 return False
         widths.append(math.prod(int(s) for s in step.out.shape[len(chain.prefix) :]))
     if struct is None:
+        if not entries and not gathers:
+            return False
+        struct = ctx.struct(sz)
+    elif aligned and ctx.struct(sz) is not struct:
         return False
     total = struct.total
     rows = max(1, TILE_ELEMENTS // max(1, *widths))
     if total <= rows:
         return False  # one tile: the ordinary path is the same work
-    # steps that do not depend on the sample (a captured weight) run once, first
-    plain = [o for o, step in enumerate(steps) if step.slot is not None or not step.batched]
-    for offset in plain:
-        run_plain(chain.start + offset)
-    tiled = [o for o in range(len(steps)) if o not in plain]
+    tiled = [k - chain.start for k in chain.members]
     tiles: dict[int, list[Tensor]] = {i: [] for i in chain.exported}
     # split, not slices: the backward of one split is one cat, that of a slice a
     # zero-filled gradient of the whole input per tile
     pieces = {i: t.split(rows) for i, t in entries.items()}
+    # a gathered operand's tile is its rows of the tile's result rows (index_select:
+    # the backward adds into the operand's small gradient)
+    gathered = {i: g[1].split(rows) for i, g in gathers.items()}
     for tile in range((total + rows - 1) // rows):
         local: dict[int, Any] = {i: p[tile] for i, p in pieces.items()}
+        for i, (source, _, finish) in gathers.items():
+            local[i] = finish(take_rows(source, gathered[i][tile]))
 
         def pick(a: Any, local: dict[int, Any] = local) -> Any:
             if isinstance(a, Ref) and a.index in local:
@@ -262,7 +339,6 @@ def run_chain(
             local[base + offset] = out
             if base + offset in tiles:
                 tiles[base + offset].append(out)
-    sz = tuple(_sizes(steps, chain))
     for offset in tiled:
         step, index = steps[offset], base + offset
         if index in tiles:
@@ -279,4 +355,4 @@ def _sizes(steps: list[Step], chain: Chain) -> list[Sz]:
     return list(shape[: len(chain.prefix)])
 
 
-__all__ = ["MIN_CHAIN", "ROW_OPS", "TILE_ELEMENTS", "Chain", "chains", "run_chain"]
+__all__ = ["BROADCAST_OPS", "MIN_CHAIN", "ROW_OPS", "TILE_ELEMENTS", "Chain", "chains", "run_chain"]

@@ -350,6 +350,16 @@ def align(
 def _align_ragged(
     ctx: Ctx, x: RaggedB, shape: tuple[Any, ...], layout: Layout, struct: Struct | None
 ) -> Tensor:
+    rows, finish = ragged_alignment(ctx, x, shape, layout, struct)
+    return finish(x.values if rows is None else take_rows(x.values, rows))
+
+
+def ragged_alignment(
+    ctx: Ctx, x: RaggedB, shape: tuple[Any, ...], layout: Layout, struct: Struct | None
+) -> tuple[Tensor | None, Any]:
+    """How :func:`align` lays a ragged ``x`` out like a result of logical ``shape``:
+    ``(rows, finish)``, where the aligned values are ``finish(x.values[rows])`` (``rows``
+    None: ``finish(x.values)``). Row tiles gather a tile's slice of ``rows`` only."""
     if struct is None:
         raise Unsupported("a ragged operand in an op whose result has no ragged axis")
     info = info_of(layout)
@@ -362,7 +372,7 @@ def _align_ragged(
             if not isinstance(s, Sz) or s.key != sz[k].key:
                 break
         else:
-            return x.values
+            return None, _same
     n = len(shape)
     xinfo = info_of(x.layout)
     xaxes = xinfo.axes
@@ -376,29 +386,38 @@ def _align_ragged(
             raise Unsupported("a ragged axis that does not line up with the result")
         coords[k] = out_k[p]
         identity = identity and out_k[p] == k
-    values = x.values
+    rows = None
     same_struct = identity and len(coords) == len(out_k) and x.struct is struct
     if not same_struct:
         out_coords = struct.coords()
         if len(coords) == 0:
-            values = take_rows(
-                values, struct.segments()
-            )  # a ragged value without ragged axes: never
+            rows = struct.segments()  # a ragged value without ragged axes: never
         else:
             rows = rows_of(x, struct.segments(), [out_coords[c] for c in coords])
-            values = take_rows(values, rows)
     # dense axes of x: values dim 1 + j sits at logical position q + shift
     have_pos = [q + shift for q in xinfo.dense_pos]
     # dense axes of x at ragged result positions have size 1: drop them
     drop = [j for j, p in enumerate(have_pos) if p in out_k]
+    dense = x.values.shape[1:]
+    keep = list(range(len(have_pos)))
     if drop:
         for j in drop:
-            if values.shape[1 + j] != 1:
+            if dense[j] != 1:
                 raise Unsupported("a fixed-size axis broadcast along a ragged axis")
-        keep = [j for j in range(len(have_pos)) if j not in drop]
-        values = values.reshape(values.shape[0], *(values.shape[1 + j] for j in keep))
+        keep = [j for j in keep if j not in drop]
         have_pos = [have_pos[j] for j in keep]
-    return _place_dense(values, have_pos, info.dense_pos)
+    want = info.dense_pos
+
+    def finish(values: Tensor) -> Tensor:
+        if drop:
+            values = values.reshape(values.shape[0], *(values.shape[1 + j] for j in keep))
+        return _place_dense(values, have_pos, want)
+
+    return rows, finish
+
+
+def _same(values: Tensor) -> Tensor:
+    return values
 
 
 def out_layout_for(shape: tuple[Any, ...], operands: list[Any]) -> Layout:
