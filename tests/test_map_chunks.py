@@ -233,9 +233,10 @@ def captured(s):
 @pytest.mark.parametrize("fn", [block, captured], ids=["block", "captured"])
 @pytest.mark.parametrize("tile", [16, 100])
 def test_row_tiles_equal_the_loop_in_values_and_gradients(monkeypatch, fn, tile):
-    from raggedfn._map import _tiles
+    from raggedfn._map import _blocks, _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", tile)
+    monkeypatch.setattr(_blocks, "ENABLED", False)
     x = tokens(LENGTHS, seed=11)
     ps = params(seed=12) if fn is block else []
     dims = IN_DIMS if fn is block else 0
@@ -271,9 +272,10 @@ def test_row_tiles_equal_the_loop_in_values_and_gradients(monkeypatch, fn, tile)
 
 
 def test_row_tiles_gradcheck(monkeypatch):
-    from raggedfn._map import _tiles
+    from raggedfn._map import _blocks, _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 24)
+    monkeypatch.setattr(_blocks, "ENABLED", False)
     x = tokens((3, 2, 4), seed=13)
     ps = [p.detach().requires_grad_() for p in params(seed=14)]
     values = x.values.detach().requires_grad_()
@@ -330,9 +332,10 @@ def _no_whole_pair_state(report, ops):
 
 @pytest.mark.parametrize("tile", [16, 100, 1 << 18])
 def test_tiles_build_the_pair_state_from_its_rows(monkeypatch, tile):
-    from raggedfn._map import _tiles
+    from raggedfn._map import _blocks, _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", tile)
+    monkeypatch.setattr(_blocks, "ENABLED", False)
     x = tokens(LENGTHS, seed=15)
     kwargs = {"chunk_elements": 1 << 40}
     if tile < 1 << 18:
@@ -354,9 +357,10 @@ def test_tiles_build_the_pair_state_from_its_rows(monkeypatch, tile):
 
 
 def test_pair_state_tiles_gradcheck(monkeypatch):
-    from raggedfn._map import _tiles
+    from raggedfn._map import _blocks, _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 40)
+    monkeypatch.setattr(_blocks, "ENABLED", False)
     x = tokens((3, 2, 4), seed=17)
     values = x.values.detach().requires_grad_()
 

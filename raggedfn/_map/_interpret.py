@@ -11,6 +11,7 @@ from torch import Tensor
 
 from .._errors import RaggedPerformanceWarning, fail
 from . import (  # noqa: F401
+    _blocks,
     _rules_index,
     _rules_linalg,
     _rules_pointwise,
@@ -19,6 +20,7 @@ from . import (  # noqa: F401
     _rules_shape,
     _rules_slice,
 )
+from ._blocks import blocks, run_block
 from ._compiled import static
 from ._fallback import node_loop, to_output
 from ._sizes import Sz, Unsupported, product_key
@@ -159,7 +161,9 @@ def run(
         return a
 
     count = len(inputs)
-    row_chains = chains(plan, count) if ctx.tiles and not torch.compiler.is_compiling() else {}
+    tiles = ctx.tiles and not compiling
+    row_chains = chains(plan, count) if tiles else {}
+    row_blocks = blocks(plan, count) if tiles and _blocks.ENABLED else {}
 
     def run_plain(k: int) -> None:
         step = plan.steps[k]
@@ -176,11 +180,16 @@ def run(
     values.extend([None] * len(plan.steps))
     k = 0
     while k < len(plan.steps):
-        chain = row_chains.get(k)
+        chain: Any = row_blocks.get(k)
         if chain is not None:
+            tiled = run_block(ctx, plan, chain, values, count, resolve, run_plain)
+            kind = "row blocks"
+        elif (chain := row_chains.get(k)) is not None:
             tiled = run_chain(ctx, plan, chain, values, count, resolve, run_plain)
+            kind = "row tiles"
+        if chain is not None:
             if tiled and recorder is not None:
-                recorder.batched["row tiles"] = recorder.batched.get("row tiles", 0) + 1
+                recorder.batched[kind] = recorder.batched.get(kind, 0) + 1
             for j in range(chain.start, chain.stop):
                 if not tiled and j in chain.members:
                     run_plain(j)  # no rebind, no new size: a row-local op

@@ -67,7 +67,7 @@ BROADCAST_OPS = frozenset({aten.add, aten.sub, aten.mul, aten.div, aten.rsub})
 
 
 class Chain:
-    __slots__ = ("exported", "members", "prefix", "start", "stop")
+    __slots__ = ("drops", "exported", "members", "prefix", "start", "stop")
 
     def __init__(self, start: int, stop: int, prefix: tuple[str, ...], members: list[int]) -> None:
         self.start = start  # steps start..stop-1
@@ -77,6 +77,7 @@ class Chain:
         # (a weight, the vector a pair state is built from) and run first, as a whole
         self.members = members
         self.exported: set[int] = set()  # chain steps whose values are read after it
+        self.drops: dict[int, tuple[int, ...]] = {}  # see drops_of
 
 
 def _hoistable(step: Step, inside: set[int]) -> bool:
@@ -169,6 +170,26 @@ def _refs(a: Any, out: set[int]) -> None:
             _refs(v, out)
 
 
+def drops_of(plan: Plan, count: int, members: list[int]) -> dict[int, tuple[int, ...]]:
+    """For each member step: the values a tile holds that no later member reads (its
+    own when none does), dropped once it has run so that a tile's working set is what
+    the loop's would be (the next op's output reuses the memory, still in cache)."""
+    last: dict[int, int] = {}
+    for k in members:
+        read: set[int] = set()
+        _refs(plan.steps[k].args, read)
+        _refs(plan.steps[k].kwargs, read)
+        for index in read:
+            last[index] = k
+    out: dict[int, list[int]] = {k: [] for k in members}
+    for index, k in last.items():
+        out[k].append(index)
+    for k in members:
+        if count + k not in last:
+            out[k].append(count + k)
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def chains(plan: Plan, count: int) -> dict[int, Chain]:
     """Chains of ``plan`` (run with ``count`` inputs) by their first step (cached)."""
     cached = getattr(plan, "_row_chains", None)
@@ -216,6 +237,7 @@ def chains(plan: Plan, count: int) -> dict[int, Chain]:
             for o in plan.outputs:
                 _refs(o, later)
             chain.exported = {i for i in inside if i in later}
+            chain.drops = drops_of(plan, count, members)
             found[k] = chain
         k = max(stop, k + 1)
     plan._row_chains = (count, found)  # type: ignore[attr-defined]
@@ -339,6 +361,8 @@ def run_chain(
             local[base + offset] = out
             if base + offset in tiles:
                 tiles[base + offset].append(out)
+            for index in chain.drops[chain.start + offset]:
+                local.pop(index, None)
     for offset in tiled:
         step, index = steps[offset], base + offset
         if index in tiles:
@@ -355,4 +379,13 @@ def _sizes(steps: list[Step], chain: Chain) -> list[Sz]:
     return list(shape[: len(chain.prefix)])
 
 
-__all__ = ["BROADCAST_OPS", "MIN_CHAIN", "ROW_OPS", "TILE_ELEMENTS", "Chain", "chains", "run_chain"]
+__all__ = [
+    "BROADCAST_OPS",
+    "drops_of",
+    "MIN_CHAIN",
+    "ROW_OPS",
+    "TILE_ELEMENTS",
+    "Chain",
+    "chains",
+    "run_chain",
+]

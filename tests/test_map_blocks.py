@@ -1,0 +1,204 @@
+"""raggedfn.map on pair states run per sample on row blocks (raggedfn/_map/_blocks.py).
+
+Every function is compared with the per-sample loop, values and gradients, float64,
+with blocks small enough that every sample of more than a row or two is cut."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import raggedfn
+from property_tests.reference import assert_same, loop
+from raggedfn._map import _blocks
+
+C = 4
+LENGTHS = (3, 0, 5, 1, 7, 2, 6, 4)
+BIG = 1 << 40  # chunk_elements: one group of samples
+
+
+def tokens(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return raggedfn.from_list(
+        [torch.randn(n, C, generator=gen, dtype=torch.float64) for n in lengths]
+    )
+
+
+def params(seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(4 * C, C, generator=gen, dtype=torch.float64) / 2,
+        torch.randn(4 * C, generator=gen, dtype=torch.float64),
+        torch.randn(C, 4 * C, generator=gen, dtype=torch.float64) / 4,
+        torch.randn(C, generator=gen, dtype=torch.float64),
+    ]
+
+
+def block(s, w1, b1, w2, b2):
+    p = s[:, None] + s[None]
+    p = p + F.linear(F.gelu(F.linear(p, w1, b1)), w2, b2)
+    a = torch.softmax(p.sum(-1), -1)
+    return a @ s
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(9)
+        self.up = torch.nn.Linear(C, 3 * C, dtype=torch.float64)
+        self.down = torch.nn.Linear(3 * C, C, dtype=torch.float64)
+        for p in self.parameters():
+            p.data = torch.randn(p.shape, generator=gen, dtype=torch.float64) / 3
+
+
+MLP = Mlp()
+
+
+def mixed(s, d):
+    """A per-sample fixed-size operand (``d``) and captured weights in the chain, means
+    and sums with keepdim, a value read after the chain (``p``, reduced over its first
+    axis: not a block op; a ragged ``[N, C]`` output), a log-softmax chain ending in
+    ``@ s``."""
+    p = s[:, None] * s[None] + d - s  # s: [N, C] broadcast along the first axis
+    h = torch.tanh(MLP.up(p))
+    q = MLP.down(h).mean(-1, keepdim=True) + p.sum(-1, keepdim=True)
+    a = torch.log_softmax(q.squeeze(-1), -1)
+    r = torch.exp(a) * 2.0 - a
+    return r @ s, p.sum(0)
+
+
+def cross(x, y):
+    """Pairs of two ragged inputs of different lengths: ``[N, M, C]``, softmax over M."""
+    p = torch.tanh(x[:, None] - 0.5 * y[None])
+    w = torch.softmax(MLP.down(F.gelu(MLP.up(p))).sum(-1), -1)
+    return w @ y
+
+
+def _check(fn, args, in_dims, n_out=1):
+    report = raggedfn.map_report(fn, *args, in_dims=in_dims, chunk_elements=BIG)
+    assert report.batched.get("row blocks", 0) >= 1, report.batched
+    got = raggedfn.map(fn, *args, in_dims=in_dims, chunk_elements=BIG)
+    want = loop(fn, *args)
+    if n_out == 1:
+        assert_same(got, want)
+    else:
+        for k in range(n_out):
+            assert_same(got[k], [w[k] for w in want])
+
+
+def _flat(out):
+    parts = out if isinstance(out, tuple) else (out,)
+    return [p.values if isinstance(p, raggedfn.Ragged) else p for p in parts]
+
+
+@pytest.fixture(params=[16, 100, 1 << 18], ids=["16", "100", "default"])
+def tile(request, monkeypatch):
+    monkeypatch.setattr(_blocks, "TILE_ELEMENTS", request.param)
+    return request.param
+
+
+def test_pair_block_on_row_blocks_equals_the_loop(tile):
+    x = tokens(LENGTHS, seed=21)
+    ps = params(seed=22)
+    dims = (0, None, None, None, None)
+    _check(block, (x, *ps), dims)
+    values = x.values.detach().requires_grad_()
+    leaves = [values, *(p.detach().requires_grad_() for p in ps)]
+    out = raggedfn.map(
+        block,
+        raggedfn.from_lengths(values, x.lengths),
+        *leaves[1:],
+        in_dims=dims,
+        chunk_elements=BIG,
+    ).values
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    got = torch.autograd.grad((out * weights).sum(), leaves)
+    per = torch.cat([block(s, *leaves[1:]) for s in values.split(x.lengths.tolist())])
+    want = torch.autograd.grad((per * weights).sum(), leaves)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_mixed_operands_on_row_blocks_equal_the_loop(tile):
+    x = tokens(LENGTHS, seed=23)
+    gen = torch.Generator().manual_seed(24)
+    d = torch.randn(len(LENGTHS), C, generator=gen, dtype=torch.float64)
+    report = raggedfn.map_report(mixed, x, d, chunk_elements=BIG)
+    assert report.batched.get("row blocks", 0) >= 1, report.batched
+    got = raggedfn.map(mixed, x, d, chunk_elements=BIG)
+    want = [mixed(s, d[i]) for i, s in enumerate(x.values.split(x.lengths.tolist()))]
+    assert_same(got[0], [w[0] for w in want])
+    assert_same(got[1], [w[1] for w in want])
+    values = x.values.detach().requires_grad_()
+    dd = d.detach().requires_grad_()
+    leaves = [values, dd, *MLP.parameters()]
+    outs = _flat(
+        raggedfn.map(mixed, raggedfn.from_lengths(values, x.lengths), dd, chunk_elements=BIG)
+    )
+    weights = [torch.linspace(-1, 1, t.numel(), dtype=t.dtype).view_as(t) for t in outs]
+    got_g = torch.autograd.grad(
+        sum((t * w).sum() for t, w in zip(outs, weights, strict=True)), leaves
+    )
+    per = [mixed(s, dd[i]) for i, s in enumerate(values.split(x.lengths.tolist()))]
+    ref = [torch.cat([t[0] for t in per]), torch.cat([t[1] for t in per])]
+    want_g = torch.autograd.grad(
+        sum((t * w).sum() for t, w in zip(ref, weights, strict=True)), leaves
+    )
+    for g, w in zip(got_g, want_g, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_cross_pairs_on_row_blocks_equal_the_loop(tile):
+    x = tokens(LENGTHS, seed=25)
+    y = tokens((2, 4, 0, 3, 6, 1, 5, 2), seed=26)
+    _check(cross, (x, y), 0)
+    xv = x.values.detach().requires_grad_()
+    yv = y.values.detach().requires_grad_()
+    leaves = [xv, yv, *MLP.parameters()]
+    out = raggedfn.map(
+        cross,
+        raggedfn.from_lengths(xv, x.lengths),
+        raggedfn.from_lengths(yv, y.lengths),
+        chunk_elements=BIG,
+    ).values
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    got = torch.autograd.grad((out * weights).sum(), leaves)
+    per = torch.cat(
+        [
+            cross(a, b)
+            for a, b in zip(xv.split(x.lengths.tolist()), yv.split(y.lengths.tolist()), strict=True)
+        ]
+    )
+    want = torch.autograd.grad((per * weights).sum(), leaves)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_row_blocks_gradcheck(monkeypatch):
+    monkeypatch.setattr(_blocks, "TILE_ELEMENTS", 30)
+    x = tokens((3, 2, 0, 4), seed=27)
+    ps = [p.detach().requires_grad_() for p in params(seed=28)]
+    values = x.values.detach().requires_grad_()
+
+    def fn(v, w1, b1, w2, b2):
+        xr = raggedfn.from_lengths(v, x.lengths)
+        return raggedfn.map(block, xr, w1, b1, w2, b2, in_dims=(0, None, None, None, None)).values
+
+    assert torch.autograd.gradcheck(fn, (values, *ps))
+    assert torch.autograd.gradgradcheck(fn, (values, *ps))
+
+
+def test_chains_that_blocks_cannot_hold_run_the_ordinary_way():
+    """A reduction over the first axis, a value broadcast from inside the chain along
+    the first axis: no block op (the results still equal the loop's)."""
+
+    def first_axis(s):
+        p = torch.tanh(s[:, None] + s[None])
+        q = p * 2.0 + p.sum(0)  # sum over the rows: needs every block
+        return torch.softmax(q.sum(-1), -1) @ s
+
+    x = tokens(LENGTHS, seed=29)
+    plan_report = raggedfn.map_report(first_axis, x, chunk_elements=BIG)
+    assert_same(raggedfn.map(first_axis, x, chunk_elements=BIG), loop(first_axis, x))
+    assert "aten.sum.dim_IntList" in plan_report.batched
