@@ -94,7 +94,10 @@ def _flat(out):
 
 @pytest.fixture(params=[16, 100, 1 << 18], ids=["16", "100", "default"])
 def tile(request, monkeypatch):
+    from raggedfn._map import _tiles
+
     monkeypatch.setattr(_blocks, "TILE_ELEMENTS", request.param)
+    monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)  # blocks smaller than the weights
     return request.param
 
 
@@ -176,7 +179,10 @@ def test_cross_pairs_on_row_blocks_equal_the_loop(tile):
 
 
 def test_row_blocks_gradcheck(monkeypatch):
+    from raggedfn._map import _tiles
+
     monkeypatch.setattr(_blocks, "TILE_ELEMENTS", 30)
+    monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)
     x = tokens((3, 2, 0, 4), seed=27)
     ps = [p.detach().requires_grad_() for p in params(seed=28)]
     values = x.values.detach().requires_grad_()
@@ -202,3 +208,16 @@ def test_chains_that_blocks_cannot_hold_run_the_ordinary_way():
     plan_report = raggedfn.map_report(first_axis, x, chunk_elements=BIG)
     assert_same(raggedfn.map(first_axis, x, chunk_elements=BIG), loop(first_axis, x))
     assert "aten.sum.dim_IntList" in plan_report.batched
+
+
+def test_blocks_are_not_used_when_every_block_would_read_large_weights(monkeypatch):
+    monkeypatch.setattr(_blocks, "TILE_ELEMENTS", 100)  # < 8 x the 148 weight elements
+    x = tokens(LENGTHS, seed=30)
+    ps = params(seed=31)
+    dims = (0, None, None, None, None)
+    report = raggedfn.map_report(block, x, *ps, in_dims=dims, chunk_elements=BIG)
+    assert "row blocks" not in report.batched, report.batched
+    assert_same(raggedfn.map(block, x, *ps, in_dims=dims, chunk_elements=BIG), loop(block, x, *ps))
+    monkeypatch.setattr(_blocks, "TILE_ELEMENTS", 8 * 148)
+    report = raggedfn.map_report(block, x, *ps, in_dims=dims, chunk_elements=BIG)
+    assert report.batched.get("row blocks", 0) >= 1, report.batched

@@ -237,6 +237,7 @@ def test_row_tiles_equal_the_loop_in_values_and_gradients(monkeypatch, fn, tile)
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", tile)
     monkeypatch.setattr(_blocks, "ENABLED", False)
+    monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)  # tiles smaller than the weights
     x = tokens(LENGTHS, seed=11)
     ps = params(seed=12) if fn is block else []
     dims = IN_DIMS if fn is block else 0
@@ -276,6 +277,7 @@ def test_row_tiles_gradcheck(monkeypatch):
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 24)
     monkeypatch.setattr(_blocks, "ENABLED", False)
+    monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)  # tiles smaller than the weights
     x = tokens((3, 2, 4), seed=13)
     ps = [p.detach().requires_grad_() for p in params(seed=14)]
     values = x.values.detach().requires_grad_()
@@ -336,6 +338,7 @@ def test_tiles_build_the_pair_state_from_its_rows(monkeypatch, tile):
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", tile)
     monkeypatch.setattr(_blocks, "ENABLED", False)
+    monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)  # tiles smaller than the weights
     x = tokens(LENGTHS, seed=15)
     kwargs = {"chunk_elements": 1 << 40}
     if tile < 1 << 18:
@@ -361,6 +364,7 @@ def test_pair_state_tiles_gradcheck(monkeypatch):
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 40)
     monkeypatch.setattr(_blocks, "ENABLED", False)
+    monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)  # tiles smaller than the weights
     x = tokens((3, 2, 4), seed=17)
     values = x.values.detach().requires_grad_()
 
@@ -369,3 +373,22 @@ def test_pair_state_tiles_gradcheck(monkeypatch):
 
     assert torch.autograd.gradcheck(fn, (values,))
     assert torch.autograd.gradgradcheck(fn, (values,))
+
+
+def test_tiles_are_not_used_when_every_tile_would_read_large_weights(monkeypatch):
+    """Weights read again by every tile: the chain runs op by op (and equals the loop)."""
+    from raggedfn._map import _blocks, _tiles
+
+    monkeypatch.setattr(_blocks, "ENABLED", False)
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 100)  # < 8 x the 148 weight elements
+    x = tokens(LENGTHS, seed=18)
+    ps = params(seed=19)
+    report = raggedfn.map_report(block, x, *ps, in_dims=IN_DIMS, chunk_elements=1 << 40)
+    assert "row tiles" not in report.batched, report.batched
+    assert "aten.linear.default" in report.batched, report.batched
+    assert_same(
+        raggedfn.map(block, x, *ps, in_dims=IN_DIMS, chunk_elements=1 << 40), loop(block, x, *ps)
+    )
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 8 * 148)
+    report = raggedfn.map_report(block, x, *ps, in_dims=IN_DIMS, chunk_elements=1 << 40)
+    assert report.batched.get("row tiles", 0) >= 1, report.batched

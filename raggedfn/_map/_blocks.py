@@ -38,6 +38,7 @@ from ._tiles import (
     _prefix,
     _refs,
     drops_of,
+    worth_tiles,
 )
 from ._trace import Plan, Ref, Step, TSpec
 from ._values import Ctx, DenseB, RaggedB, canonical_layout, info_of
@@ -285,6 +286,7 @@ def run_block(
     table = torch.stack([ctx.eval(lead_sz).clamp(min=0), torch.stack(widths).amax(0)])
     rows_of, width_of = table.tolist()  # one host sync
     samples: dict[int, Any] = {}
+    shared: dict[int, int] = {}  # elements of the tensors every block reads (weights)
     for (_, index), role in block.roles.items():
         if index in samples or index - count in block.members:
             continue
@@ -298,6 +300,10 @@ def run_block(
             samples[index] = list(v.data.unbind(0))
         elif isinstance(v, (RaggedB, DenseB)) or (role != "shared" and v is not None):
             return False
+        elif isinstance(v, Tensor):
+            shared[index] = v.numel()
+    if not worth_tiles(sum(shared.values()), TILE_ELEMENTS):
+        return False
     tiles: dict[int, list[Tensor]] = {i: [] for i in block.exported}
     for b in range(batch):
         rows = rows_of[b]

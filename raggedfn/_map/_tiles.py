@@ -170,6 +170,18 @@ def _refs(a: Any, out: set[int]) -> None:
             _refs(v, out)
 
 
+# tiles pay off only while the tensors every tile reads again (the weights) are small
+# next to a tile: a token MLP's 256 x 1024 weights (0.5M elements) read once per tile of
+# 64-256 rows made `map` 1.1-1.7x slower (benchmarks/tiles_ab.py, token_mlp), a pair
+# state's 32 x 128 ones (8K) let tiles run 1.3-2x faster than op by op
+SHARED_FRACTION = 8
+
+
+def worth_tiles(shared: int, tile: int | None = None) -> bool:
+    """Whether a chain whose tiles each read ``shared`` elements of weights gains."""
+    return shared * SHARED_FRACTION <= (TILE_ELEMENTS if tile is None else tile)
+
+
 def drops_of(plan: Plan, count: int, members: list[int]) -> dict[int, tuple[int, ...]]:
     """For each member step: the values a tile holds that no later member reads (its
     own when none does), dropped once it has run so that a tile's working set is what
@@ -270,6 +282,7 @@ def run_chain(
     gathers: dict[int, tuple[Tensor, Tensor, Any]] = {}
     ranks: dict[int, int] = {}  # the result rank each such operand is aligned to
     aligned = False  # an operand laid out through the chain's own struct
+    shared: dict[int, int] = {}  # elements of the tensors every tile reads (weights)
     for step in (plan.steps[k] for k in chain.members):
         read: set[int] = set()
         _refs(step.args, read)
@@ -314,6 +327,7 @@ def run_chain(
                 dense = rank - len(chain.prefix)
                 if step.target.overloadpacket is not aten.linear and v.ndim > dense:
                     return False  # it would broadcast along a ragged axis
+                shared[index] = v.numel()
             elif not isinstance(v, (int, float, bool, type(None))):
                 return False
         widths.append(math.prod(int(s) for s in step.out.shape[len(chain.prefix) :]))
@@ -322,6 +336,8 @@ def run_chain(
             return False
         struct = ctx.struct(sz)
     elif aligned and ctx.struct(sz) is not struct:
+        return False
+    if not worth_tiles(sum(shared.values())):
         return False
     total = struct.total
     rows = max(1, TILE_ELEMENTS // max(1, *widths))
