@@ -10,8 +10,10 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as F
+import torch.utils._sympy.functions as symfn
 
 import raggedfn
 from property_tests.reference import assert_same, loop
@@ -153,3 +155,68 @@ def test_a_partial_loop_is_reported_with_its_reason():
     assert isinstance(report.partial_loop, str) and report.partial_loop, str(report)
     assert f"  some samples ran per sample: {report.partial_loop}" in str(report).splitlines()
     assert_same(report.output, loop(f, x))
+
+
+def _size_expressions():
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    return [
+        s0 + 2 * s1 + 1,
+        s0 * s1,
+        s0**2,
+        symfn.PowByNatural(s0, 3),
+        symfn.FloorDiv(s0, s1),
+        symfn.Mod(s0, s1),
+        symfn.PythonMod(s0, s1),
+        symfn.IntTrueDiv(s0, s1),
+        symfn.FloatTrueDiv(symfn.ToFloat(s0), symfn.ToFloat(s1)),
+        symfn.CeilDiv(s0, s1),
+        symfn.Max(s0, s1),
+        symfn.Min(s0, s1),
+        symfn.Max(s0, s1, 6),
+        symfn.Min(s0, 3),
+        symfn.ModularIndexing(s0, 2, 3),
+        sympy.Eq(s0, s1),
+        sympy.Ne(s0, s1),
+        sympy.Lt(s0, s1),
+        sympy.Le(s0, s1),
+        sympy.Gt(s0, s1),
+        sympy.Ge(s0, s1),
+        sympy.And(sympy.Ge(s0, 4), sympy.Lt(s1, 4)),
+        sympy.Or(sympy.Eq(s0, 2), sympy.Gt(s1, 3)),
+        sympy.Not(sympy.Eq(s0, s1)),
+        sympy.Rational(1, 2) * s0,
+        symfn.ToFloat(s0),
+    ]
+
+
+@pytest.mark.parametrize("expr", _size_expressions(), ids=str)
+def test_size_expressions_evaluate_per_sample_as_sympy(expr):
+    # map evaluates traced size expressions on [B] size tensors (and on Python ints
+    # when a size is static): each sample's value is sympy's own for that sample
+    from raggedfn._map._sizes import compile_expr
+
+    firsts, seconds = [5, 2, 7, 4, 9, 1], [3, 2, 1, 4, 9, 5]
+    fn = compile_expr(expr)
+    symbols = sorted(expr.free_symbols, key=str)
+    batched = fn({"s0": torch.tensor(firsts), "s1": torch.tensor(seconds)})
+    for i, (a, b) in enumerate(zip(firsts, seconds, strict=True)):
+        values = dict(zip(symbols, (a, b)[: len(symbols)], strict=True))
+        want = expr.xreplace({s: sympy.Integer(values[s]) for s in symbols})
+        want = float(bool(want) if want in (sympy.true, sympy.false) else want)
+        one = fn({"s0": a, "s1": b})
+        got = batched[i] if isinstance(batched, torch.Tensor) else batched
+        assert float(got) == pytest.approx(want), (expr, a, b, got, want)
+        assert float(one) == pytest.approx(want), (expr, a, b, one, want)
+        assert not isinstance(one, torch.Tensor), "static sizes stay Python numbers"
+
+
+def test_a_zero_divisor_in_a_size_expression_divides_by_one():
+    # guards such as Mod(s0, s0**2) are only meaningful for non-empty samples: with a
+    # zero divisor map evaluates them as dividing by 1 (for tensors and Python ints)
+    from raggedfn._map._sizes import compile_expr
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    for expr, want in ((symfn.FloorDiv(s0, s1), [7, 3]), (symfn.Mod(s0, s1), [0, 1])):
+        fn = compile_expr(expr)
+        assert fn({"s0": torch.tensor([7, 7]), "s1": torch.tensor([0, 2])}).tolist() == want
+        assert fn({"s0": 7, "s1": 0}) == want[0]
