@@ -123,6 +123,10 @@ SLICES = {
             "tests/test_map_regressions.py",
             "tests/test_map_soundness.py",
             "tests/test_map_mutants.py",
+            # map's row tiles and sample groups (_tiles.py, _groups.py, _chunks.py) and
+            # nested values are tested only here
+            "tests/test_map_chunks.py",
+            "tests/test_nested_map.py",
         ),
     ),
 }
@@ -138,6 +142,10 @@ SKIP = "not compile and not fullgraph and not test_call_picks_the_rule_set"
 # selection), per slice: exact equality of `x @ w` (one einsum on packed values) with
 # `x.values @ w` (another kernel) fails by one rounding under torch 2.13.0+cpu here.
 SKIP_FAILING = {"ops": " and not test_weight_products_run_on_packed_values"}
+# Tests too slow to run for every surviving mutant that reaches them (50-60 s each here):
+# gradcheck of map's tiles and groups; the same file compares values and gradients of
+# both paths with the loop, which reaches the same code in about a second.
+SKIP_SLOW = {"map": " and not test_gradcheck_through_groups and not test_row_tiles_gradcheck"}
 DO_NOT_MUTATE = [r"raise fail\(", r"raise RaggedError\("]
 
 # A mutant is stopped (a timeout, counted as killed) after (t + 1 s) * 2 * this CPU seconds,
@@ -167,7 +175,7 @@ def _config(name: str, part: Slice) -> str:
     def array(items: list[str] | tuple[str, ...]) -> str:
         return "[" + ", ".join(f'"{item}"' for item in items) + "]"
 
-    skip = SKIP + SKIP_FAILING.get(name, "")
+    skip = SKIP + SKIP_FAILING.get(name, "") + SKIP_SLOW.get(name, "")
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["raggedfn/"]\n'
