@@ -220,3 +220,59 @@ def test_a_zero_divisor_in_a_size_expression_divides_by_one():
         fn = compile_expr(expr)
         assert fn({"s0": torch.tensor([7, 7]), "s1": torch.tensor([0, 2])}).tolist() == want
         assert fn({"s0": 7, "s1": 0}) == want[0]
+
+
+def _pair(t):
+    return t[:, None, :] * t[None, :, :]  # (N, N, D): two ragged axes
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: _pair(t)[t.sum(-1) > 0],  # a token mask over the pair state's rows
+        lambda t: _pair(t)[(_pair(t).sum(-1) > 0).T],  # a transposed pair mask
+    ],
+    ids=["token_mask", "transposed_pair_mask"],
+)
+def test_a_mask_over_a_value_with_two_ragged_axes_loops_and_says_why(f):
+    # boolean masks are batched over the token layout only; any other runs that node
+    # per sample (as torch) and the report names the reason
+    x = tokens()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fallback == {
+        "aten.index.Tensor": "a mask over a value with several or inner ragged axes"
+    }, str(report)
+
+
+def test_matmul_over_a_ragged_batch_axis_loops_and_says_why():
+    x = tokens()
+
+    def f(t):
+        return _pair(t) @ _pair(t).transpose(-1, -2)  # batched over the first ragged axis
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fallback == {"aten.matmul.default": "matmul with ragged batch axes"}, str(report)
+
+
+def test_an_in_place_write_through_a_view_of_a_shared_argument_runs_once_per_sample():
+    # w.unbind(0)[0] is a view of the argument w (through a multi-output op and getitem):
+    # the loop adds 1 to w[0] once per sample, so later samples see the earlier writes
+    x = tokens()
+
+    def f(t, w):
+        w.unbind(0)[0].add_(1)
+        return t * w.sum()
+
+    mapped, looped = weights(2, D), weights(2, D)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        report = raggedfn.map_report(f, x, mapped, in_dims=(0, None))
+    assert_same(report.output, [f(t, looped) for t in raggedfn.unbind(x)])
+    assert torch.equal(mapped, looped)
+    assert "writes into an argument of f" in str(report.whole_loop), str(report)
