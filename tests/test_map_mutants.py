@@ -276,3 +276,27 @@ def test_an_in_place_write_through_a_view_of_a_shared_argument_runs_once_per_sam
     assert_same(report.output, [f(t, looped) for t in raggedfn.unbind(x)])
     assert torch.equal(mapped, looped)
     assert "writes into an argument of f" in str(report.whole_loop), str(report)
+
+
+def test_an_empty_batch_of_a_looped_f_has_the_traced_output_structure():
+    # f writes into its argument: the call runs per sample, here for no sample at all.
+    # The output is what the loop gives a batch: a Ragged value and a stacked tensor,
+    # with the traced layout, dtype and dense sizes, and no samples (and w is unchanged)
+    def f(t, w):
+        w.add_(1)
+        return t * w, (t * w).sum(0)
+
+    w = torch.zeros(D, dtype=torch.float64)
+    empty = raggedfn.from_lengths(
+        torch.zeros(0, D, dtype=torch.float64), torch.zeros(0, dtype=torch.int64)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        ragged, dense = raggedfn.map(f, empty, w, in_dims=(0, None))
+        some = raggedfn.map(f, tokens(), w.clone(), in_dims=(0, None))
+    assert isinstance(ragged, raggedfn.Ragged) and ragged.layout == some[0].layout
+    raggedfn.check(ragged)
+    assert ragged.batch_size == 0 and ragged.values.shape == (0, D)
+    assert ragged.sizes.shape == (0, 1) and ragged.values.dtype == torch.float64
+    assert dense.shape == (0, D) and dense.dtype == some[1].dtype == torch.float64
+    assert torch.equal(w, torch.zeros(D, dtype=torch.float64))
