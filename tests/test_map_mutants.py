@@ -300,3 +300,27 @@ def test_an_empty_batch_of_a_looped_f_has_the_traced_output_structure():
     assert ragged.sizes.shape == (0, 1) and ragged.values.dtype == torch.float64
     assert dense.shape == (0, D) and dense.dtype == some[1].dtype == torch.float64
     assert torch.equal(w, torch.zeros(D, dtype=torch.float64))
+
+
+CAPTURED = weights(D, 3, seed=6)
+
+
+@pytest.mark.parametrize(
+    ("f", "tiled"),
+    [
+        # three row-local ops, then a captured weight read and a product that is not
+        # row-local: the chain ends on its last op and runs on row tiles
+        (lambda t: (torch.tanh(t) * 2 + 1) @ CAPTURED, True),
+        # two row-local ops: shorter than MIN_CHAIN, run op by op
+        (lambda t: torch.tanh(t) * 2, False),
+    ],
+    ids=["chain_before_a_weight_read", "two_ops"],
+)
+def test_row_tiles_take_chains_of_three_row_local_ops(monkeypatch, f, tiled):
+    from raggedfn._map import _tiles
+
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 16)  # 4 rows of D = 4 per tile
+    x = tokens()
+    report = raggedfn.map_report(f, x, chunk_elements=1 << 40)
+    assert_same(report.output, loop(f, x))
+    assert ("row tiles" in report.batched) == tiled, report.batched
