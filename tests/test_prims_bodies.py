@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch.func import jacfwd, jacrev
 
-from raggedfn._prims import _extrema, _prod, _softmax
+from raggedfn._prims import _extrema, _prod, _sdpa, _softmax
 
 INF = math.inf
 # Unsorted segment ids; segments 1 and 4 are empty.
@@ -150,3 +150,28 @@ def test_product_body_equals_torch_prod_per_segment_with_zeros() -> None:
     out = body(values)
     torch.testing.assert_close(out[PRESENT], _per_segment(lambda rows: torch.prod(rows, 0), values))
     assert out[[1, 4]].eq(1).all()
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 12])  # one block of query rows, or several
+def test_attention_body_under_compile_equals_torch_sdpa(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_sdpa._forward`` as dynamo traces it (``is_compiling()``: out-of-place ``exp``, the
+    body torch's transforms differentiate there): torch's SDPA in values and gradients,
+    and its logsumexp."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    monkeypatch.setattr(_sdpa, "CHUNK_LOGITS", chunk)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    out, lse = _sdpa._forward(q, k, v, None, None, 0.5)
+    monkeypatch.undo()
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.5)
+    torch.testing.assert_close(out, want)
+    logits = (q @ k.transpose(-1, -2)) * 0.5
+    torch.testing.assert_close(lse, torch.logsumexp(logits, -1, keepdim=True))
+    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    got = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    expected = torch.autograd.grad((want * weights).sum(), (q, k, v))
+    for g, w in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, w)
