@@ -30,17 +30,16 @@ from torch import Tensor
 
 from .._errors import fail
 from ._sizes import Sz
+from ._steps import Plan, Ref, Step, TSpec, refs
 from ._tiles import (
     BROADCAST_OPS,
     ROW_OPS,
     ROW_REDUCTIONS,
     _hoistable,
     _prefix,
-    _refs,
     drops_of,
     worth_tiles,
 )
-from ._trace import Plan, Ref, Step, TSpec
 from ._values import Ctx, DenseB, RaggedB, canonical_layout, info_of
 
 aten = torch.ops.aten
@@ -99,7 +98,7 @@ def _member_roles(step: Step, lead: str, spec_of: Any, inside: set[int]) -> dict
     nested: set[int] = set()
     for a in (*step.args, *step.kwargs.values()):
         if isinstance(a, (list, tuple)):
-            _refs(a, nested)
+            refs(a, nested)
     if nested:
         return None  # a list of values (cat): not a block op
     if packet in ROW_REDUCTIONS | LAST_AXIS_OPS:
@@ -202,11 +201,11 @@ def blocks(plan: Plan, count: int) -> dict[int, Block]:
             block.roles = roles
             later: set[int] = set()
             for s in steps[stop:]:
-                _refs(s.args, later)
-                _refs(s.kwargs, later)
+                refs(s.args, later)
+                refs(s.kwargs, later)
                 later.update(s.rebind or ())
             for o in plan.outputs:
-                _refs(o, later)
+                refs(o, later)
             block.exported = {i for i in inside if i in later}
             block.drops = drops_of(plan, count, members)
             found[k] = block

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ._sizes import Sz, Unsupported
-from ._trace import Plan, Ref, Step, TSpec
+from ._steps import Plan, Ref, Step, TSpec, refs
 from ._values import Ctx, RaggedB, canonical_layout, ragged_alignment, take_rows
 
 aten = torch.ops.aten
@@ -86,8 +86,8 @@ def _hoistable(step: Step, inside: set[int]) -> bool:
     if step.rebind or step.defines or step.random:
         return False
     read: set[int] = set()
-    _refs(step.args, read)
-    _refs(step.kwargs, read)
+    refs(step.args, read)
+    refs(step.kwargs, read)
     return not (read & inside)
 
 
@@ -110,8 +110,8 @@ def _row_local_of(step: Step, spec_of: Any = None) -> tuple[str, ...] | None:
     if prefix is None or spec_of is None:
         return prefix
     read: set[int] = set()
-    _refs(step.args, read)
-    _refs(step.kwargs, read)
+    refs(step.args, read)
+    refs(step.kwargs, read)
     broadcast = step.target.overloadpacket in BROADCAST_OPS
     for index in read:
         spec = spec_of(index)
@@ -159,17 +159,6 @@ def _reduced_dims(step: Step) -> list[int] | None:
     return out
 
 
-def _refs(a: Any, out: set[int]) -> None:
-    if isinstance(a, Ref):
-        out.add(a.index)
-    elif isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
-        for v in a:
-            _refs(v, out)
-    elif isinstance(a, dict):
-        for v in a.values():
-            _refs(v, out)
-
-
 # tiles pay off only while the tensors every tile reads again (the weights) are small
 # next to a tile: a token MLP's 256 x 1024 weights (0.5M elements) read once per tile of
 # 64-256 rows made `map` 1.1-1.7x slower (benchmarks/tiles_ab.py, token_mlp), a pair
@@ -189,8 +178,8 @@ def drops_of(plan: Plan, count: int, members: list[int]) -> dict[int, tuple[int,
     last: dict[int, int] = {}
     for k in members:
         read: set[int] = set()
-        _refs(plan.steps[k].args, read)
-        _refs(plan.steps[k].kwargs, read)
+        refs(plan.steps[k].args, read)
+        refs(plan.steps[k].kwargs, read)
         for index in read:
             last[index] = k
     out: dict[int, list[int]] = {k: [] for k in members}
@@ -243,11 +232,11 @@ def chains(plan: Plan, count: int) -> dict[int, Chain]:
             chain = Chain(k, stop, prefix, members)
             later: set[int] = set()
             for s in steps[stop:]:
-                _refs(s.args, later)
-                _refs(s.kwargs, later)
+                refs(s.args, later)
+                refs(s.kwargs, later)
                 later.update(s.rebind or ())
             for o in plan.outputs:
-                _refs(o, later)
+                refs(o, later)
             chain.exported = {i for i in inside if i in later}
             chain.drops = drops_of(plan, count, members)
             found[k] = chain
@@ -285,8 +274,8 @@ def run_chain(
     shared: dict[int, int] = {}  # elements of the tensors every tile reads (weights)
     for step in (plan.steps[k] for k in chain.members):
         read: set[int] = set()
-        _refs(step.args, read)
-        _refs(step.kwargs, read)
+        refs(step.args, read)
+        refs(step.kwargs, read)
         rank = len(step.out.shape)
         for index in read:
             if index - count in chain.members:
