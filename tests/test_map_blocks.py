@@ -97,6 +97,7 @@ def tile(request, monkeypatch):
     from raggedfn._map import _tiles
 
     monkeypatch.setattr(_blocks, "TILE_ELEMENTS", request.param)
+    monkeypatch.setattr(_blocks, "MIN_FILL", BIG)  # blocks for samples of any size
     monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)  # blocks smaller than the weights
     return request.param
 
@@ -221,3 +222,42 @@ def test_blocks_are_not_used_when_every_block_would_read_large_weights(monkeypat
     monkeypatch.setattr(_blocks, "TILE_ELEMENTS", 8 * 148)
     report = raggedfn.map_report(block, x, *ps, in_dims=dims, chunk_elements=BIG)
     assert report.batched.get("row blocks", 0) >= 1, report.batched
+
+
+def test_only_samples_large_enough_take_blocks():
+    """By default blocks need samples whose widest value averages TILE_ELEMENTS / MIN_FILL
+    elements (below, the loop over samples costs more than the caches save); smaller
+    ones run as flat row tiles or op by op. Both equal the loop."""
+    ps = [p.float() for p in params(seed=3)]
+    gen = torch.Generator().manual_seed(4)
+    for n, blocks in ((6, 0), (70, 1)):  # widest value 70 * 70 * 4C = 78K elements
+        x = raggedfn.from_list([torch.randn(m, C, generator=gen) for m in (n, n + 1)])
+        report = raggedfn.map_report(block, x, *ps, in_dims=(0, None, None, None, None))
+        assert report.batched.get("row blocks", 0) == blocks, (n, report.batched)
+        got = raggedfn.map(block, x, *ps, in_dims=(0, None, None, None, None))
+        assert_same(got, loop(block, x, *ps), rtol=1e-5, atol=1e-5)
+
+
+def test_blocks_over_samples_without_rows_keep_the_autograd_link(monkeypatch):
+    """Program 278 of the oracle's seed 7: every sample empty after a mask, the pair
+    chain's output was a fresh empty tensor that did not require grad (the loop's does,
+    with zero gradients)."""
+    monkeypatch.setattr(_blocks, "MIN_FILL", BIG)  # blocks whatever the samples' size
+
+    def masked_pairs(t):
+        h = t[t[:, 0] > 0]
+        h = h[:, None, :] * h[None, :, :]
+        h = F.log_softmax(h, -1)
+        return (h * 2 + 1).sum((0, 1))
+
+    values = -torch.rand(3, C, dtype=torch.float64) - 1  # every row masked out
+    values.requires_grad_()
+    x = raggedfn.from_lengths(values * 1, torch.tensor([2, 1, 0]))
+    out = raggedfn.map(masked_pairs, x)
+    assert out.requires_grad
+    want = torch.stack([masked_pairs(s) for s in raggedfn.unbind(x)])
+    torch.testing.assert_close(out, want)
+    weights = torch.arange(1.0, out.numel() + 1, dtype=out.dtype).view_as(out)
+    (got,) = torch.autograd.grad((out * weights).sum(), values, retain_graph=True)
+    (expected,) = torch.autograd.grad((want * weights).sum(), values)
+    torch.testing.assert_close(got, expected)

@@ -50,6 +50,11 @@ TILE_ELEMENTS = 1 << 19
 MIN_CHAIN = 3
 # False: pair-state chains take the flat tiles of _tiles.py (tests force either path)
 ENABLED = True
+# blocks only when a sample's widest value averages >= TILE_ELEMENTS / MIN_FILL elements:
+# below, the Python loop over samples costs more than the caches save (the chain of
+# benchmarks/pair_state.py, C = 32, 1 thread, blocks / op by op: 2.4x at 8K elements per
+# sample (B = 64), 1.3x at 34K (B = 256), 0.87x at 220K (B = 32), 0.68x at 2.6M (B = 8))
+MIN_FILL = 8
 LAST_AXIS_OPS = frozenset({aten.softmax, aten.log_softmax, aten._softmax, aten._log_softmax})
 BLOCK_OPS = ROW_OPS | BROADCAST_OPS | ROW_REDUCTIONS | LAST_AXIS_OPS | {aten.matmul}
 _PLAIN_ARGS = (int, float, bool, type(None), torch.dtype)
@@ -255,26 +260,10 @@ def _pick(
     return a
 
 
-def run_block(
-    ctx: Ctx,
-    plan: Plan,
-    block: Block,
-    values: list[Any],
-    count: int,
-    resolve: Any,
-    run_plain: Any,
-) -> bool:
-    """Run the steps of ``block`` that are not its members (``run_plain``), then its
-    members per sample on row blocks, writing their values into ``values``; False
-    (members not run) when their operands are not what blocks need."""
-    for k in range(block.start, block.stop):
-        if k not in block.members:
-            run_plain(k)
+def _extents(ctx: Ctx, steps: list[Step], block: Block) -> tuple[list[int], list[int]]:
+    """Per sample: rows along the block's first axis and the widest member value's
+    elements per row (one host sync)."""
     batch = ctx.batch_size
-    if batch == 0:
-        return False
-    steps = plan.steps
-    # per sample: rows along the first axis and the widest value's elements per row
     lead_sz = next(s for s in steps[block.start].out.shape[:1])
     widths: list[Any] = []
     for k in block.members:
@@ -283,7 +272,48 @@ def run_block(
             width = width * (ctx.eval(s).clamp(min=0) if isinstance(s, Sz) else int(s))
         widths.append(width if isinstance(width, Tensor) else torch.full((batch,), width))
     table = torch.stack([ctx.eval(lead_sz).clamp(min=0), torch.stack(widths).amax(0)])
-    rows_of, width_of = table.tolist()  # one host sync
+    rows_of, width_of = table.tolist()
+    return rows_of, width_of
+
+
+def _fills(table: tuple[list[int], list[int]], batch: int) -> bool:
+    """Whether the samples have rows and are large enough for blocks (``MIN_FILL``)."""
+    total = sum(r * w for r, w in zip(*table, strict=True))
+    return total > 0 and total >= batch * (TILE_ELEMENTS // MIN_FILL)
+
+
+def run_block(
+    ctx: Ctx,
+    plan: Plan,
+    block: Block,
+    values: list[Any],
+    count: int,
+    resolve: Any,
+    run_plain: Any,
+) -> bool | None:
+    """Run the steps of ``block`` that are not its members (``run_plain``), then its
+    members per sample on row blocks, writing their values into ``values``. None: nothing
+    run, samples too small or without rows (the caller may take the flat tiles, or op
+    by op, which keeps the outputs' autograd links); False: the other steps ran, the
+    members did not (their operands are not what blocks need)."""
+    batch = ctx.batch_size
+    if batch == 0:
+        return None
+    try:
+        table = _extents(ctx, plan.steps, block)
+    except KeyError:  # a size that a step of the block defines: known once it has run
+        table = None
+    if table is not None and not _fills(table, batch):
+        return None
+    for k in range(block.start, block.stop):
+        if k not in block.members:
+            run_plain(k)
+    if table is None:
+        table = _extents(ctx, plan.steps, block)
+        if not _fills(table, batch):
+            return False
+    steps = plan.steps
+    rows_of, width_of = table
     samples: dict[int, Any] = {}
     shared: dict[int, int] = {}  # elements of the tensors every block reads (weights)
     for (_, index), role in block.roles.items():

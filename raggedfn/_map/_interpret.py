@@ -181,10 +181,13 @@ def run(
     k = 0
     while k < len(plan.steps):
         chain: Any = row_blocks.get(k)
+        tiled: bool | None = None
         if chain is not None:
             tiled = run_block(ctx, plan, chain, values, count, resolve, run_plain)
             kind = "row blocks"
-        elif (chain := row_chains.get(k)) is not None:
+            if tiled is None:  # nothing run (small samples): the flat tiles may take it
+                chain = None
+        if chain is None and (chain := row_chains.get(k)) is not None:
             tiled = run_chain(ctx, plan, chain, values, count, resolve, run_plain)
             kind = "row tiles"
         if chain is not None:
