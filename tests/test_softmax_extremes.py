@@ -131,10 +131,20 @@ def check(
 
     (mine,) = torch.autograd.grad(loss(got), values, allow_unused=True, materialize_grads=True)
     theirs = torch.autograd.grad(loss(want), leaves, allow_unused=True, materialize_grads=True)
-    for i, (a, b) in enumerate(zip(samples(x.with_values(mine)), theirs, strict=True)):
+    for i, (a, b, s) in enumerate(zip(samples(x.with_values(mine)), theirs, leaves, strict=True)):
         finite = b.isfinite()
         assert a[finite].isfinite().all(), f"sample {i}: gradient {a} where torch's is {b}"
-        torch.testing.assert_close(a[finite], b[finite], msg=lambda m, i=i: f"sample {i}: {m}")
+        # a slope exp(x - lse) moves by eps * |x| where either side rounds lse (float32 at
+        # 1e3: torch's exp(1e3 - fl(1e3 + log 2)) is 0.5 to within 3e-5, ours exact)
+        tol = 4 * max(1, s.numel()) * torch.finfo(s.dtype).eps * _magnitude(s)
+        torch.testing.assert_close(
+            a[finite], b[finite], rtol=tol, atol=tol, msg=lambda m, i=i: f"sample {i}: {m}"
+        )
+
+
+def _magnitude(t: torch.Tensor) -> float:
+    finite = t.detach()[t.detach().isfinite()]
+    return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
