@@ -89,6 +89,9 @@ def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ..
     dims = _normalize_in_dims(fn_name, in_dims, len(args))
     if all(type(a) is Ragged or type(a) is torch.Tensor for a in args):
         # each argument is one leaf (is_ragged_leaf of a Ragged, a plain tensor)
+        flat = _prepare_flat(fn_name, args, dims)
+        if flat is not None:
+            return flat
         leaves, treespec = list(args), flat_spec(len(args))[0]
         mapped = [d == 0 for d in dims]
     else:
@@ -124,6 +127,35 @@ def _prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ..
             f"mapped arguments disagree on the batch size: {sorted({int(b) for b in batch_sizes})}",
         )
     return dims, leaves, treespec, kinds, batch_sizes[0]
+
+
+def _prepare_flat(fn_name: str, args: tuple[Any, ...], dims: tuple[Any, ...]) -> Any:
+    """:func:`_prepare` of arguments that are all ``Ragged`` values or plain tensors, the
+    mapped ones agreeing on one batch size (eagerly); ``None`` for anything else (the
+    general path then says what is wrong)."""
+    if torch.compiler.is_compiling():
+        return None
+    kinds: list[str] = []
+    batch_size = None
+    for a, d in zip(args, dims, strict=True):
+        if d is None:
+            kinds.append("shared" if type(a) is torch.Tensor else "constant")
+            continue
+        if type(a) is Ragged:
+            kinds.append("ragged")
+            size = a.offsets.shape[0] - 1
+        elif a.ndim == 0:
+            return None
+        else:
+            kinds.append("dense")
+            size = a.shape[0]
+        if batch_size is None:
+            batch_size = size
+        elif size != batch_size:
+            return None
+    if batch_size is None:
+        return None
+    return dims, list(args), flat_spec(len(args))[0], kinds, batch_size
 
 
 def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:

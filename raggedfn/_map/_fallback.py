@@ -234,8 +234,19 @@ def _stack_column(
 
 def to_output(ctx: Ctx, value: Any) -> Any:
     """An interpreter value as the user-facing result."""
-    if isinstance(value, RaggedB):
-        return Ragged(value.values, value.struct.offsets, value.struct.sizes, value.layout)
+    if type(value) is RaggedB:
+        values, struct, layout = value.values, value.struct, value.layout
+        if (
+            type(values) is Tensor
+            and not torch.compiler.is_compiling()
+            and values.ndim - 1 == layout.num_dense
+            and struct.sizes.shape[1] == layout.num_ragged
+            and values.device == struct.offsets.device
+        ):
+            # the checks of Ragged() that a rule could break (offsets and sizes are an
+            # input's or built from its sizes, int64 on its device): the rest hold
+            return Ragged._make(values, struct.offsets, struct.sizes, layout)
+        return Ragged(values, struct.offsets, struct.sizes, layout)
     if isinstance(value, DenseB):
         return value.data
     if isinstance(value, SymB):

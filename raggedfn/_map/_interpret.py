@@ -70,20 +70,47 @@ def make_ctx(
     ctx = Ctx(batch_size, env, totals, device)
     ctx.lifted = lifted or []
     ctx.randomness = randomness
-    for i in plan.placeholders:
-        leaf, kind = leaves[i], plan.leaf_kinds[i]
-        if kind.kind == "ragged":
-            for k, name in enumerate(kind.symbols):
-                env[name] = leaf.sizes[:, k]
-            struct = Struct(leaf.sizes, leaf.offsets, leaf.values.shape[0])
-            totals[product_key(kind.sz)] = leaf.values.shape[0]
-            ctx.structs.setdefault(tuple(s.key for s in kind.sz), struct)
-            inputs.append(RaggedB(leaf.values, leaf.layout, kind.sz, struct))
-        elif kind.kind == "dense":
+    structs = ctx.structs
+    for i, kind, product, struct_key in _placeholders(plan):
+        leaf = leaves[i]
+        if kind is None:
+            inputs.append(leaf)
+        elif struct_key is None:
             inputs.append(DenseB(leaf))
         else:
-            inputs.append(leaf)
+            sizes = leaf.sizes
+            names = kind.symbols
+            if len(names) == 1:
+                env[names[0]] = sizes.select(1, 0)
+            else:
+                for name, column in zip(names, sizes.unbind(1), strict=True):
+                    env[name] = column
+            total = leaf.values.shape[0]
+            struct = Struct(sizes, leaf.offsets, total)
+            totals[product] = total
+            if struct_key not in structs:
+                structs[struct_key] = struct
+            inputs.append(RaggedB(leaf.values, leaf.layout, kind.sz, struct))
     return ctx, inputs
+
+
+def _placeholders(plan: Plan) -> list[tuple[int, Any, str | None, tuple[str, ...] | None]]:
+    """Per placeholder of ``plan``: ``(leaf index, kind (None: unbatched), product key of a
+    ragged one's sizes, their struct key (None: dense))``, computed once per plan."""
+    found = plan.__dict__.get("_placeholders")
+    if found is None:
+        found = []
+        for i in plan.placeholders:
+            kind = plan.leaf_kinds[i]
+            if kind.kind == "ragged":
+                found.append((i, kind, product_key(kind.sz), tuple(s.key for s in kind.sz)))
+            elif kind.kind == "dense":
+                found.append((i, kind, None, None))
+            else:
+                found.append((i, None, None, None))
+        if not torch.compiler.is_compiling():  # a side effect dynamo would guard on
+            plan._placeholders = found  # type: ignore[attr-defined]
+    return found
 
 
 class LateGuardFailed(Exception):
@@ -220,6 +247,8 @@ def run(
         k += 1
     if pending:
         raise LateGuardFailed(f"guard {plan.late[pending[0]][0]} could not be checked")
+    if not compiling and len(plan.outputs) == 1 and plan.out_spec.is_leaf():  # one tensor
+        return to_output(ctx, resolve(plan.outputs[0]))
     flat = [to_output(ctx, resolve(o)) for o in plan.outputs]
     return pytree.tree_unflatten(flat, plan.out_spec)
 
@@ -259,7 +288,16 @@ def _run_step(
             recorder.unbatched[name] = recorder.unbatched.get(name, 0) + 1
         return step.target(*args, **kwargs)
     reason = "no batching rule"
-    candidates = [step.rule] if step.rule is not None else []
+    if step.rule is not None and not plan.pinned:
+        try:  # the common case first, without building the candidates
+            result = step.rule(ctx, step, *args, **kwargs)
+        except Unsupported as error:
+            reason = str(error)
+        else:
+            if recorder is not None:
+                recorder.batched[name] = recorder.batched.get(name, 0) + 1
+            return result
+    candidates = [step.rule] if step.rule is not None and plan.pinned else []
     if not any(isinstance(a, (RaggedB, SymB)) for a in leaves):
         candidates.append(_vmap_rule)  # fixed-shape samples: torch.vmap can batch the op
     for found in candidates:

@@ -18,6 +18,7 @@ from ._values import (
     canonical_layout,
     dense_shape,
     is_batched,
+    lines_up,
     out_layout_for,
     sz_in_storage_order,
 )
@@ -43,6 +44,13 @@ def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     """Broadcast every operand to the result's packed layout, then run the op once."""
     spec = step.out
     shape = spec.shape
+    if not kwargs and not torch.compiler.is_compiling():  # (no memo on the step there)
+        fast = _same_rows(ctx, step, args)
+        if fast is not None:
+            values = step.target(*[a.values if type(a) is RaggedB else a for a in args])
+            values = _cast(values, spec.dtype)
+            if values.ndim == fast.values.ndim and values.shape[0] == fast.struct.total:
+                return RaggedB(values, fast.layout, fast.sz, fast.struct)
     operands = [*args, *kwargs.values()]
     if spec.ragged:
         layout = out_layout_for(shape, operands)
@@ -73,6 +81,36 @@ def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     if values.ndim != 1 + len(shape) - len(sz) or values.shape[0] != struct.total:
         values = values.expand(struct.total, *dense_shape(shape, layout))
     return RaggedB(values, layout, sz, struct)
+
+
+def _same_rows(ctx: Ctx, step: Any, args: tuple[Any, ...]) -> RaggedB | None:
+    """The first ragged operand when the general path would hand every operand over as it
+    is: each ragged operand has the result's rank, layout, sizes and partition (the one
+    ``ctx`` holds for them), and the rest are Python numbers or 0-d tensors (torch
+    broadcasts those). ``None`` otherwise. The layout code and sizes tuple that lined up
+    with the step's result are remembered on the step (a plan's inputs, and results of
+    this path, carry the same sizes tuple at every call)."""
+    first: RaggedB | None = None
+    for a in args:
+        if type(a) is RaggedB:
+            if first is None:
+                first = a
+                if not a.sz or ctx.struct(a.sz) is not a.struct:
+                    return None
+                seen = step.__dict__.get("_same_rows")
+                if seen is None or seen[1] is not a.sz or seen[0] != a.layout.code:
+                    if not lines_up(a, step.out.shape):
+                        return None
+                    step._same_rows = (a.layout.code, a.sz)
+            elif (
+                a.struct is not first.struct
+                or a.layout.code != first.layout.code
+                or (a.sz is not first.sz and [s.key for s in a.sz] != [s.key for s in first.sz])
+            ):
+                return None
+        elif not (type(a) in (int, float, bool) or (type(a) is Tensor and a.ndim == 0)):
+            return None
+    return first
 
 
 @rule(

@@ -423,12 +423,12 @@ def _same(values: Tensor) -> Tensor:
 def out_layout_for(shape: tuple[Any, ...], operands: list[Any]) -> Layout:
     """Layout of a result of logical ``shape``: that of a full-shape ragged operand if any."""
     for x in operands:
-        if isinstance(x, RaggedB) and _lines_up(x, shape):
+        if isinstance(x, RaggedB) and lines_up(x, shape):
             return x.layout
     return canonical_layout(len(shape), tuple(p for p, s in enumerate(shape) if isinstance(s, Sz)))
 
 
-def _lines_up(x: RaggedB, shape: tuple[Any, ...]) -> bool:
+def lines_up(x: RaggedB, shape: tuple[Any, ...]) -> bool:
     """``x`` has the rank of ``shape``, ragged exactly where ``shape`` has a size of its own,
     with the same size there."""
     axes = info_of(x.layout).axes
