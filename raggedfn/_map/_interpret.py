@@ -83,11 +83,12 @@ def make_ctx(
             if len(names) == 1:
                 env[names[0]] = sizes.select(1, 0)
             else:
-                for name, column in zip(names, sizes.unbind(1), strict=True):
-                    env[name] = column
+                columns = sizes.unbind(1)
+                for k, name in enumerate(names):
+                    env[name] = columns[k]
             total = leaf.values.shape[0]
             struct = Struct(sizes, leaf.offsets, total)
-            totals[product] = total
+            totals[product or ""] = total  # (always a key for a ragged placeholder)
             if struct_key not in structs:
                 structs[struct_key] = struct
             inputs.append(RaggedB(leaf.values, leaf.layout, kind.sz, struct))
