@@ -15,7 +15,7 @@ system runs once in a rotated order; a cell is the median over rounds and a rati
 ``loop / system`` the median of the per-round ratios. Peak memory (``--memory``) is the
 growth of the peak RSS while the step runs once more, each system in a fresh process.
 
-Usage: ``nice -n 5 python -m benchmarks.pair_state --batch 8 32 --rounds 7``
+Usage: ``nice -n 5 python -m benchmarks.pair_state --batch 8 32 --rounds 7 [--clock cpu]``
 """
 
 from __future__ import annotations
@@ -177,7 +177,9 @@ def _memory_child(system: str, batch: int, backward: bool) -> float:
     return _peak_rss_mib() - before
 
 
-def run_case(batch: int, backward: bool, systems: Sequence[str], rounds: int) -> dict[str, Any]:
+def run_case(
+    batch: int, backward: bool, systems: Sequence[str], rounds: int, clock: str = "wall"
+) -> dict[str, Any]:
     inputs = make_inputs(batch)
     steps = {name: build(name, inputs, backward) for name in systems}
     reference = steps["loop"]()
@@ -189,12 +191,13 @@ def run_case(batch: int, backward: bool, systems: Sequence[str], rounds: int) ->
         step()  # warm
     times: dict[str, list[float]] = {name: [] for name in systems}
     names = list(systems)
+    now = time.perf_counter if clock == "wall" else time.thread_time
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
-            start = time.perf_counter()
+            start = now()
             steps[name]()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(now() - start)
     lengths = inputs["lengths"]
     row: dict[str, Any] = {
         "batch": batch,
@@ -218,6 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS))
     parser.add_argument("--mode", nargs="+", default=["fwd", "fwd+bwd"])
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: the thread's CPU time (on a loaded machine wall time also counts waiting)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -234,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for batch in args.batch:
         for mode in args.mode:
             backward = mode == "fwd+bwd"
-            row = run_case(batch, backward, systems, args.rounds)
+            row = run_case(batch, backward, systems, args.rounds, args.clock)
             if args.memory:
                 row["mib"] = {s: measure_memory(s, batch, backward) for s in systems}
             rows.append(row)

@@ -405,10 +405,12 @@ def map(
         chunk_elements: run the batch in groups of consecutive samples whose largest
             intermediate holds at most this many elements, joined in sample order,
             and run chains of row-local ops (``linear``, activations, arithmetic,
-            sums over fixed-size axes) on cache-sized tiles of the packed rows;
-            ``None`` for the default budget (16M elements), 0 for the whole batch
-            op by op (no groups, no tiles). Results and gradients are the same
-            either way. Not used inside ``torch.compile``.
+            sums over fixed-size axes) on cache-sized tiles of the packed rows, and
+            pair-state chains (from ``s[:, None] + s[None]`` through row softmaxes
+            to ``a @ s``) per sample on blocks of rows, where their weights are
+            small; ``None`` for the default budget (16M elements), 0 for the whole
+            batch op by op (no groups, no tiles). Results and gradients are the
+            same either way. Not used inside ``torch.compile``.
 
     Returns:
         The outputs of ``f`` for all samples, with ``f``'s pytree structure.
