@@ -815,3 +815,22 @@ def test_19_a_part_of_no_samples_does_not_make_a_merged_axis_ragged():
     out = merge([(torch.tensor([1, 0]), same), (torch.zeros(0, dtype=torch.int64), none)], 2)
     assert isinstance(out, torch.Tensor)  # every sample [2, 3]: dense, as without the part
     assert torch.equal(out, torch.stack([torch.zeros(2, 3), torch.ones(2, 3)]))
+
+
+def _numel_branch_after_a_slice(t):
+    h = t[:-3]
+    return h, (h.sum() + 1 if h.numel() > 0 else h.sum() - 1)
+
+
+@pytest.mark.parametrize("shapes", [[(0, 0), (0, 1), (0, 1)], [(4, 0), (5, 1), (2, 3), (1, 2)]])
+def test_19_a_size_that_a_guard_refines_to_one_value_is_guarded(shapes):
+    """Program 3127 of the oracle's seed 7: the guard ``2*s1*Max(0, s0 - 3) <= 0`` made
+    torch's ShapeEnv refine s1 (the second ragged axis) to the single value 0 without a
+    guard of its own, so every sample of the plan's group came back with 0 columns."""
+    gen = torch.Generator().manual_seed(1)
+    x = raggedfn.from_list(
+        [torch.randn(*s, 2, generator=gen, dtype=torch.float64) for s in shapes],
+        ragged_dims=(1, 2),
+    )
+    got = _quiet(_numel_branch_after_a_slice, x)
+    assert_restacked(got, [_numel_branch_after_a_slice(s) for s in raggedfn.unbind(x)])

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
+import sympy
 import torch
 import torch._dynamo.config as dynamo_config
 import torch.utils._pytree as pytree
@@ -308,6 +309,12 @@ def trace(
             found.append((g.expr, where, "/torch/" in filename))
     for asserts in env.deferred_runtime_asserts.values():
         found.extend((a.expr, "runtime assert", False) for a in asserts)
+    # a size the ShapeEnv took as fixed is a fact of the traced example, guarded or not:
+    # `2*s1*Max(0, s0 - 3) <= 0` refines s1's range to the single value 0 (sympy takes
+    # the Max as positive), so the plan had s1 = 0 for every sample of its group
+    for sym, value in env.replacements.items():
+        if str(sym) in ours:
+            found.append((sympy.Eq(sym, value), "a size the trace took as fixed", False))
     seen: set[str] = set()
     internal: set[str] = set()
     for expr, where, torch_own in found:
