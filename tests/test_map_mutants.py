@@ -7,6 +7,8 @@ surviving mutant applied.
 
 from __future__ import annotations
 
+import functools
+import sys
 import warnings
 
 import pytest
@@ -324,3 +326,41 @@ def test_row_tiles_take_chains_of_three_row_local_ops(monkeypatch, f, tiled):
     report = raggedfn.map_report(f, x, chunk_elements=1 << 40)
     assert_same(report.output, loop(f, x))
     assert ("row tiles" in report.batched) == tiled, report.batched
+
+
+# ----- state f reads: every kind of captured value is guarded (retrace when it changes) --
+
+SCALE_FACTOR = 2.0
+_THIS = sys.modules[__name__]
+
+
+def _reads_a_module_attribute(t):
+    return t * _THIS.SCALE_FACTOR  # module.NAME read through a user module
+
+
+def test_a_number_read_through_a_user_module_is_guarded(monkeypatch):
+    x = tokens()
+    assert_same(raggedfn.map(_reads_a_module_attribute, x), loop(_reads_a_module_attribute, x))
+    monkeypatch.setattr(_THIS, "SCALE_FACTOR", -3.0)
+    assert_same(raggedfn.map(_reads_a_module_attribute, x), loop(_reads_a_module_attribute, x))
+
+
+def test_captured_numpy_arrays_partials_and_large_sets_are_guarded():
+    np = pytest.importorskip("numpy")
+    x = tokens()
+    scale = np.array([1.0, 2.0, 3.0, 4.0])
+    shift = functools.partial(torch.add, alpha=2.0)
+    chosen = set(range(300))  # more items than the walk compares one by one
+
+    def f(t):
+        factor = float(scale.sum()) + (1.0 if 7 in chosen else 0.0)
+        return shift(t * factor, 1.0)
+
+    first = raggedfn.map_report(f, x)
+    assert_same(first.output, loop(f, x))
+    again = raggedfn.map_report(f, x)  # nothing changed: the trace is reused
+    assert again.traces == first.traces, (first.traces, again.traces)
+    scale[0] = 10.0  # an in-place change of the array: its bytes are guarded
+    assert_same(raggedfn.map(f, x), loop(f, x))
+    chosen.discard(7)
+    assert_same(raggedfn.map(f, x), loop(f, x))
