@@ -111,6 +111,10 @@ SLICES = {
             "tests/test_ragged.py",
             "tests/test_interop.py",
             "property_tests/test_construct_props.py",
+            # the nested constructors (_construct_nested.py, from_list of lists) are
+            # tested only here (about 20 s)
+            "property_tests/test_nested_props.py",
+            "tests/test_nested_models.py",
         ),
     ),
     "map": Slice(
