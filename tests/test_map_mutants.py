@@ -364,3 +364,19 @@ def test_captured_numpy_arrays_partials_and_large_sets_are_guarded():
     assert_same(raggedfn.map(f, x), loop(f, x))
     chosen.discard(7)
     assert_same(raggedfn.map(f, x), loop(f, x))
+
+
+def test_a_per_sample_dense_operand_aligns_to_a_transposed_ragged_value():
+    # t.transpose(1, 2) only changes the layout (dense axes stored (3, 4), read (4, 3));
+    # the per-sample (4, 3) tensor added to it is permuted to that storage order
+    gen = torch.Generator().manual_seed(7)
+    x = raggedfn.from_list(
+        [torch.randn(n, 3, 4, generator=gen, dtype=torch.float64) for n in LENGTHS]
+    )
+
+    def f(t):
+        return t.transpose(1, 2) + t.sum(0).transpose(0, 1) * 2
+
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
