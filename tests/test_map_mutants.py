@@ -380,3 +380,15 @@ def test_a_per_sample_dense_operand_aligns_to_a_transposed_ragged_value():
     report = raggedfn.map_report(f, x)
     assert_same(report.output, loop(f, x))
     assert report.fully_batched, str(report)
+
+
+def test_dense_inputs_of_a_new_per_sample_shape_get_their_own_trace():
+    # a dense [B, n, 4] input: f's trace is specific to the per-sample shape (n, 4)
+    def f(d):
+        return d.reshape(-1) @ torch.arange(d.numel(), dtype=d.dtype)
+
+    gen = torch.Generator().manual_seed(8)
+    for n in (3, 5, 3):
+        d = torch.randn(2, n, 4, generator=gen, dtype=torch.float64)
+        got = raggedfn.map(f, d)
+        torch.testing.assert_close(got, torch.stack([f(s) for s in d]))
