@@ -649,3 +649,28 @@ def test_from_lengths_both_checks_build_the_partition_of_the_lengths(
     given.fill_(7)  # the value owns its partition
     assert x.sizes[:, 0].tolist() != given.tolist() or batch == 0
     assert raggedfn.check(x) is x
+
+
+def test_from_list_of_lists_with_ragged_dims_keeps_each_sentences_pair_state():
+    # documents of sentences, each sentence an (N, N, 4) pair state: both N axes ragged
+    gen = torch.Generator().manual_seed(0)
+    p, q = torch.randn(2, 2, 4, generator=gen), torch.randn(3, 3, 4, generator=gen)
+    docs = [[p, q], [], [p]]
+    x = raggedfn.from_list(docs, ragged_dims=(1, 2, 3))
+    assert repr(x.layout) == "Layout('r0 n1 r2 d0')" and x.batch_size == 3
+    for i, doc in enumerate(docs):
+        sentences = raggedfn.unbind(x[i])
+        assert len(sentences) == len(doc)
+        for got, want in zip(sentences, doc, strict=True):
+            assert torch.equal(got, want)
+
+
+def test_from_list_of_ragged_samples_nests_them():
+    gen = torch.Generator().manual_seed(1)
+    first = [torch.randn(2, 4, generator=gen), torch.randn(3, 4, generator=gen)]
+    second = [torch.randn(1, 4, generator=gen)]
+    x = raggedfn.from_list([raggedfn.from_list(first), raggedfn.from_list(second)])
+    assert x.shape == (2, None, None, 4) and x.sizes.tolist() == [[2, 5], [1, 1]]
+    for i, doc in enumerate((first, second)):
+        for got, want in zip(raggedfn.unbind(x[i]), doc, strict=True):
+            assert torch.equal(got, want)
