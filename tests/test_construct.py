@@ -674,3 +674,13 @@ def test_from_list_of_ragged_samples_nests_them():
     for i, doc in enumerate((first, second)):
         for got, want in zip(raggedfn.unbind(x[i]), doc, strict=True):
             assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(("ids", "bad"), [([0, 1, 3], 2), ([-1, 0, 0], 0)])
+def test_from_segment_ids_names_the_first_id_outside_the_segments(ids, bad):
+    with pytest.raises(
+        RaggedError,
+        match=rf"^from_segment_ids: segment_ids must lie in \[0, num_segments\) = \[0, 3\), "
+        rf"got segment_ids\[{bad}\] = {ids[bad]}$",
+    ):
+        raggedfn.from_segment_ids(torch.zeros(3, 2), torch.tensor(ids), 3)
