@@ -153,7 +153,7 @@ def test_product_body_equals_torch_prod_per_segment_with_zeros() -> None:
 
 
 @pytest.mark.parametrize("chunk", [1 << 22, 12])  # one block of query rows, or several
-def test_attention_body_under_compile_equals_torch_sdpa(
+def test_attention_body_as_dynamo_traces_it_equals_torch_sdpa(
     chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``_sdpa._forward`` as dynamo traces it (``is_compiling()``: out-of-place ``exp``, the
