@@ -65,7 +65,7 @@ bench-quick: $(VENV)/.installed-bench
 	$(PY) -m benchmarks.run --quick --threads $(BENCH_THREADS)
 
 # mutation testing (docs/testing.md), not part of `make test`: slices in build/mutate/,
-# niced (the machine is shared); MUTATE_SLICES, MUTATE_SAMPLE, MUTATE_JOBS to choose
+# niced (the machine is shared); MUTATE_SLICES, MUTATE_SAMPLE, MUTATE_JOBS, MUTATE_PARALLEL to choose
 mutate: $(VENV)/.installed-mutate
 	nice -n 10 $(PY) -m tests.mutate
 

@@ -17,7 +17,10 @@ Options (environment, as ``make mutate MUTATE_SLICES=...``):
         (default 60: the 95% interval is about +-8 points at a 90% score), or ``all``.
     MUTATE_SEED: the draw's seed (default 20; the sample of a slice is a function
         of the seed and the sorted mutant names alone).
-    MUTATE_JOBS: mutants tested at once (default 1; run under ``nice -n 10``).
+    MUTATE_JOBS: mutants tested at once per slice (default 1; run under ``nice -n 10``).
+    MUTATE_PARALLEL: slices run at once, each in its own process (default 2: the four
+        default slices one after another take about 70 minutes on the shared 2-core
+        machine, two at a time about 40; docs/testing.md).
 
 Prints, per slice, killed / survived / no tests / timeouts, the killed share with
 its 95% Wilson interval (an estimate of the score over all the slice's mutants) and
@@ -315,11 +318,29 @@ def main(argv: list[str]) -> int:
     sample = os.environ.get("MUTATE_SAMPLE", "60")
     seed = int(os.environ.get("MUTATE_SEED", "20"))
     jobs = int(os.environ.get("MUTATE_JOBS", "1"))
+    parallel = int(os.environ.get("MUTATE_PARALLEL", "2"))
     BUILD.mkdir(parents=True, exist_ok=True)
-    for name in slices:
-        row = run_slice(name, sample, seed, jobs)
-        (BUILD / f"{name}.row").write_text(f"{row} {sample} drawn, seed {seed} |\n")
-        print(row, flush=True)
+    if len(slices) > 1 and parallel > 1:
+        # each slice in its own process (its own copy and mutmut cache), `parallel` at once
+        waiting, running, failed = list(slices), [], []
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                name = waiting.pop(0)
+                child = [sys.executable, "-m", "tests.mutate", name]
+                running.append((name, subprocess.Popen(child, cwd=ROOT)))
+            time.sleep(5)
+            for name, process in list(running):
+                if process.poll() is not None:
+                    running.remove((name, process))
+                    if process.returncode != 0:
+                        failed.append(name)
+        if failed:
+            raise SystemExit(f"mutation runs failed for slices {failed}: see {BUILD}/*.log")
+    else:
+        for name in slices:
+            row = run_slice(name, sample, seed, jobs)
+            (BUILD / f"{name}.row").write_text(f"{row} {sample} drawn, seed {seed} |\n")
+            print(row, flush=True)
     rows = [
         "| slice | mutants | tested | killed | timeout | survived | no tests | killed % "
         "| 95% interval | time | sample |",
