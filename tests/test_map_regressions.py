@@ -834,3 +834,20 @@ def test_19_a_size_that_a_guard_refines_to_one_value_is_guarded(shapes):
     )
     got = _quiet(_numel_branch_after_a_slice, x)
     assert_restacked(got, [_numel_branch_after_a_slice(s) for s in raggedfn.unbind(x)])
+
+
+def _scaled_by_a_float_read_from_the_data(t):
+    return t * t.sum().item()
+
+
+def test_19_a_float_read_with_item_is_defined_per_sample():
+    """``.item()`` of a float tensor is an unbacked float (``zuf0``) in the trace: it was
+    never given its per-sample values (``KeyError: 'zuf0'`` where the loop runs)."""
+    x = raggedfn.from_list(_samples([3, 0, 2]))
+    got = _quiet(_scaled_by_a_float_read_from_the_data, x)
+    want = [_scaled_by_a_float_read_from_the_data(s) for s in raggedfn.unbind(x)]
+    assert_restacked(got, want)
+    x32 = raggedfn.from_list([s.float() for s in _samples([2, 4])])
+    got = _quiet(_scaled_by_a_float_read_from_the_data, x32)
+    assert got.dtype == torch.float32  # a Python number does not promote the tensor
+    assert_restacked(got, [_scaled_by_a_float_read_from_the_data(s) for s in raggedfn.unbind(x32)])

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._construct import from_list
 from .._errors import RaggedError, fail
 from .._ragged import Ragged
-from ._sizes import Sz
+from ._sizes import Sz, is_unbacked
 from ._steps import Plan, TSpec
 from ._trace import specs_of
 from ._values import Ctx, DenseB, RaggedB, SymB, canonical_layout, make_ragged
@@ -45,10 +45,15 @@ def sample_of(ctx: Ctx, value: Any, i: int) -> Any:
     return value
 
 
-def _define(ctx: Ctx, sz: Any, column: list[int]) -> None:
-    """A data-dependent size (an unbacked symbol) learns its per-sample values."""
-    if isinstance(sz, Sz) and sz.key.startswith("u") and sz.key[1:].isdigit():
-        ctx.env[sz.key] = torch.tensor(column, dtype=torch.int64, device=ctx.device)
+def _define(ctx: Ctx, sz: Any, column: list[Any]) -> None:
+    """A data-dependent size or number (an unbacked symbol) learns its per-sample values."""
+    if isinstance(sz, Sz) and is_unbacked(sz.key):
+        floats = sz.key.startswith("zuf")
+        ctx.env[sz.key] = torch.tensor(
+            [float(v) if floats else int(v) for v in column],
+            dtype=torch.float64 if floats else torch.int64,
+            device=ctx.device,
+        )
 
 
 def restack(ctx: Ctx, outs: list[Any], spec: Any, defines: tuple[str, ...] = ()) -> Any:
@@ -57,7 +62,7 @@ def restack(ctx: Ctx, outs: list[Any], spec: Any, defines: tuple[str, ...] = ())
         return tuple(restack(ctx, [o[j] for o in outs], s, defines) for j, s in enumerate(spec))
     if isinstance(spec, Sz):
         if defines:
-            _define(ctx, spec, [int(o) for o in outs])
+            _define(ctx, spec, list(outs))
         return SymB(spec)
     if not isinstance(spec, TSpec):
         if outs and all(o == outs[0] for o in outs):

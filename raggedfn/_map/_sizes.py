@@ -9,6 +9,7 @@ torch code (``torch.compile`` traces them without seeing sympy).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -245,3 +246,13 @@ def equalities(exprs: list[Any]) -> dict[Any, Any]:
         small, large = sorted((a, b), key=lambda e: (sympy.count_ops(e), len(str(e)), str(e)))
         out.setdefault(large, small)
     return out
+
+
+_UNBACKED = re.compile(r"(u|zuf)[0-9]+")
+
+
+def is_unbacked(name: str) -> bool:
+    """Whether ``name`` is a symbol the trace made for a value read from the data: an
+    integer (``u0``: a mask's count, ``int(t.sum())``) or a float (``zuf0``: ``.item()``
+    of a float tensor)."""
+    return _UNBACKED.fullmatch(name) is not None

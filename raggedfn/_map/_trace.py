@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-import sympy
+import sympy  # type: ignore[import-untyped]
 import torch
 import torch._dynamo.config as dynamo_config
 import torch.utils._pytree as pytree
@@ -42,7 +42,7 @@ from .._errors import fail
 from .._ragged import Ragged
 from ._guards import LayoutFreeShapeEnv, stride_only
 from ._registry import find_rule, op_name
-from ._sizes import Evaluator, Sz, Unsupported, compile_expr, equalities, sz_of
+from ._sizes import Evaluator, Sz, Unsupported, compile_expr, equalities, is_unbacked, sz_of
 from ._steps import LeafKind, Plan, Ref, Step, TSpec
 from ._values import axes_of, num_ragged_of
 from ._writes import _alias_chain, _check_writes, _functional_twin, _NoRealWrites
@@ -322,7 +322,7 @@ def trace(
         if text in seen or text == "True":
             continue
         seen.add(text)
-        unbacked = frozenset(str(f) for f in expr.free_symbols if str(f).startswith("u"))
+        unbacked = frozenset(str(f) for f in expr.free_symbols if is_unbacked(str(f)))
         if unbacked:
             late.append((f"{text} (from {where})", compile_expr(expr), unbacked))
             continue
@@ -498,17 +498,18 @@ def _is_random(node: Any) -> bool:
 
 
 def _unbacked(val: Any) -> set[str]:
-    """Names of the unbacked symbols (data-dependent sizes) in a traced value."""
+    """Names of the unbacked symbols (data-dependent sizes, and numbers read from the
+    data such as ``t.sum().item()``) in a traced value."""
     out: set[str] = set()
     items = val if isinstance(val, (tuple, list)) else (val,)
     for item in items:
         if isinstance(item, Tensor):
             sizes: Any = item.shape
-        elif isinstance(item, torch.SymInt):
+        elif isinstance(item, (torch.SymInt, torch.SymFloat)):
             sizes = (item,)
         else:
             continue
         for s in sizes:
-            if isinstance(s, torch.SymInt):
-                out.update(str(f) for f in s.node.expr.free_symbols if str(f).startswith("u"))
+            if isinstance(s, (torch.SymInt, torch.SymFloat)):
+                out.update(str(f) for f in s.node.expr.free_symbols if is_unbacked(str(f)))
     return out
