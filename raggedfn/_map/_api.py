@@ -34,15 +34,10 @@ from ._groups import (
 from ._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx, run
 from ._plans import _new_variant
 from ._report import MapReport
+from ._signature import leaf_kinds, signature
 from ._sizes import Unsupported
 from ._split import empty_result
-from ._trace import (
-    _LOCK,
-    is_ragged_leaf,
-    leaf_kinds,
-    signature,
-    tracing,
-)
+from ._trace import _LOCK, is_ragged_leaf, tracing
 
 _RANDOMNESS = ("different", "same", "error")
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
