@@ -12,34 +12,9 @@ import torch.nn.functional as F
 import raggedfn
 from property_tests.reference import assert_same, loop
 from raggedfn._map import _blocks
+from tests.test_map_chunks import LENGTHS, C, block, params, tokens
 
-C = 4
-LENGTHS = (3, 0, 5, 1, 7, 2, 6, 4)
 BIG = 1 << 40  # chunk_elements: one group of samples
-
-
-def tokens(lengths, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return raggedfn.from_list(
-        [torch.randn(n, C, generator=gen, dtype=torch.float64) for n in lengths]
-    )
-
-
-def params(seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        torch.randn(4 * C, C, generator=gen, dtype=torch.float64) / 2,
-        torch.randn(4 * C, generator=gen, dtype=torch.float64),
-        torch.randn(C, 4 * C, generator=gen, dtype=torch.float64) / 4,
-        torch.randn(C, generator=gen, dtype=torch.float64),
-    ]
-
-
-def block(s, w1, b1, w2, b2):
-    p = s[:, None] + s[None]
-    p = p + F.linear(F.gelu(F.linear(p, w1, b1)), w2, b2)
-    a = torch.softmax(p.sum(-1), -1)
-    return a @ s
 
 
 class Mlp(torch.nn.Module):

@@ -38,6 +38,7 @@ from ._tiles import (
     _hoistable,
     _prefix,
     drops_of,
+    read_after,
     worth_tiles,
 )
 from ._values import Ctx, DenseB, RaggedB, canonical_layout, info_of
@@ -204,14 +205,7 @@ def blocks(plan: Plan, count: int) -> dict[int, Block]:
         if len(members) >= MIN_CHAIN and pairs:
             block = Block(k, stop, lead, members)
             block.roles = roles
-            later: set[int] = set()
-            for s in steps[stop:]:
-                refs(s.args, later)
-                refs(s.kwargs, later)
-                later.update(s.rebind or ())
-            for o in plan.outputs:
-                refs(o, later)
-            block.exported = {i for i in inside if i in later}
+            block.exported = read_after(plan, stop, inside)
             block.drops = drops_of(plan, count, members)
             found[k] = block
         k = max(stop, k + 1)

@@ -230,19 +230,25 @@ def chains(plan: Plan, count: int) -> dict[int, Chain]:
         stop = members[-1] + 1  # end on an op of the chain
         if len(members) >= MIN_CHAIN:
             chain = Chain(k, stop, prefix, members)
-            later: set[int] = set()
-            for s in steps[stop:]:
-                refs(s.args, later)
-                refs(s.kwargs, later)
-                later.update(s.rebind or ())
-            for o in plan.outputs:
-                refs(o, later)
-            chain.exported = {i for i in inside if i in later}
+            chain.exported = read_after(plan, stop, inside)
             chain.drops = drops_of(plan, count, members)
             found[k] = chain
         k = max(stop, k + 1)
     plan._row_chains = (count, found)  # type: ignore[attr-defined]
     return found
+
+
+def read_after(plan: Plan, stop: int, inside: set[int]) -> set[int]:
+    """The values of ``inside`` that a step from ``stop`` on, an in-place rebind or an
+    output of ``plan`` reads (a chain's values to join after its tiles)."""
+    later: set[int] = set()
+    for s in plan.steps[stop:]:
+        refs(s.args, later)
+        refs(s.kwargs, later)
+        later.update(s.rebind or ())
+    for o in plan.outputs:
+        refs(o, later)
+    return {i for i in inside if i in later}
 
 
 def run_chain(
