@@ -15,7 +15,7 @@ from .._errors import describe, fail, shape_text
 from .._ragged import Ragged
 from ._products import einsum
 
-__all__ = ["matmul", "matmul_mismatch"]
+__all__ = ["matmul"]
 
 
 def _matmul_subscripts(fn: str, rank_a: int, rank_b: int) -> tuple[str, str, str]:
