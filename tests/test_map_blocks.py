@@ -236,3 +236,19 @@ def test_blocks_over_samples_without_rows_keep_the_autograd_link(monkeypatch):
     (got,) = torch.autograd.grad((out * weights).sum(), values, retain_graph=True)
     (expected,) = torch.autograd.grad((want * weights).sum(), values)
     torch.testing.assert_close(got, expected)
+
+
+def test_blocks_refused_for_small_samples_leave_the_chain_to_the_flat_tiles(monkeypatch):
+    """Samples below MIN_FILL: the block refuses before running anything and the same
+    chain runs on flat row tiles (``_interpret``'s fallthrough), equal to the loop."""
+    from raggedfn._map import _tiles
+
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 100)  # flat tiles of a few rows
+    monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)
+    ps = params(seed=5)
+    x = tokens([6, 7, 5], seed=6)
+    dims = (0, None, None, None, None)
+    report = raggedfn.map_report(block, x, *ps, in_dims=dims, chunk_elements=BIG)
+    assert report.batched.get("row blocks", 0) == 0, report.batched
+    assert report.batched.get("row tiles", 0) >= 1, report.batched
+    assert_same(raggedfn.map(block, x, *ps, in_dims=dims, chunk_elements=BIG), loop(block, x, *ps))
