@@ -216,6 +216,7 @@ _op(
     weight=1,
 )
 _op("roll_cat", {"tok"}, "h = torch.cat([h[{0}:], h[:{0}]], 0)", domain=[(1, 2, -1)])
+_op("edge_row_broadcast", {"tok"}, "h = h - 0.5 * h[{0}]", domain=[(":1", "-1:", "1:2")])
 _op("double_cat", {"tok"}, "h = torch.cat([h, h * 0.5], 0)", weight=0.7)
 _op(
     "roll_index",
