@@ -1,5 +1,6 @@
 """Plumbing shared by the standalone benchmark scripts (``moe``, ``doc_encoder``): the
-record header, rotated timing rounds with per-round ratios, and the command line."""
+record header, rotated timing rounds with per-round ratios, and the command line
+(which writes the record, its table and its plot)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,8 +70,10 @@ def cli(
     run: Callable[[argparse.Namespace], dict[str, Any]],
     markdown: Callable[[dict[str, Any]], str],
     argv: list[str] | None,
+    plot: Callable[[dict[str, Any], Path], bool] | None = None,
 ) -> dict[str, Any]:
-    """Add ``--threads/--json/--markdown`` to ``parser``, run, print the table, write files."""
+    """Add ``--threads/--json/--markdown`` to ``parser``, run, print the table, write files
+    (with ``plot``, a PNG next to the ``--json`` record)."""
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", help="write the record here")
     parser.add_argument("--markdown", help="write the table here")
@@ -81,6 +85,8 @@ def cli(
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
+        if plot is not None:
+            plot(record, Path(args.json).with_suffix(".png"))
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text + "\n")

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import raggedfn
+from benchmarks import plots
 from benchmarks._standalone import cli, header, rotated_rounds, timed
 
 Params = dict[str, Tensor]
@@ -216,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tokens", type=float, default=20.0, help="mean per sentence")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=9)
-    return cli(parser, run, markdown, argv)
+    return cli(parser, run, markdown, argv, plot=plots.plot_doc_encoder)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from torch.func import grad, jvp, vjp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import raggedfn
+from benchmarks import plots
 from benchmarks._standalone import cli, header, timed
 
 TRANSFORMS = ["forward", "vjp", "jvp", "hvp fwd-over-rev", "hvp rev-over-rev"]
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=15)
-    return cli(parser, run, markdown, argv)
+    return cli(parser, run, markdown, argv, plot=plots.plot_forward_mode)
 
 
 if __name__ == "__main__":

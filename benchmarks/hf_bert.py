@@ -48,12 +48,14 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 import raggedfn
+from benchmarks import plots
 
 VOCAB = 30522
 
@@ -316,6 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
+        plots.plot_hf_bert(record, Path(args.json).with_suffix(".png"))
     return record
 
 

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 import raggedfn
+from benchmarks import plots
 from benchmarks._standalone import cli, header, rotated_rounds
 
 Params = dict[str, Tensor]
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=15)
-    return cli(parser, run, markdown, argv)
+    return cli(parser, run, markdown, argv, plot=plots.plot_moe)
 
 
 if __name__ == "__main__":

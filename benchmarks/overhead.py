@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 import raggedfn
+from benchmarks import plots
 from benchmarks.harness import machine
 
 # not results/*.json: those are the harness suites' records (tests/test_harness.py reads them)
@@ -315,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / f"{stem}.md").write_text(text + "\n")
+    plots.plot_overhead(record, args.out / f"{stem}.png")
     return 0
 
 

@@ -15,7 +15,9 @@ system runs once in a rotated order; a cell is the median over rounds and a rati
 ``loop / system`` the median of the per-round ratios. Peak memory (``--memory``) is the
 growth of the peak RSS while the step runs once more, each system in a fresh process.
 
-Usage: ``nice -n 5 python -m benchmarks.pair_state --batch 8 32 --rounds 7 [--clock cpu]``
+Usage: ``nice -n 5 python -m benchmarks.pair_state --batch 8 32 --rounds 7 [--clock cpu]
+[--memory] [--json benchmarks/results/pairs/pair_state.json]`` (the record, and its plot
+next to it).
 """
 
 from __future__ import annotations
@@ -37,10 +39,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import raggedfn
+from benchmarks import plots
+from benchmarks.harness import machine
 
 CHANNELS = 32
 HIDDEN = 4 * CHANNELS
 SYSTEMS = ("loop", "map", "map_tiles", "map_whole", "padded")
+RECORD = Path(__file__).resolve().parent / "results" / "pairs" / "pair_state.json"
 
 
 def lengths_for(batch: int, seed: int = 18) -> list[int]:
@@ -227,7 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="wall",
         help="cpu: the thread's CPU time (on a loaded machine wall time also counts waiting)",
     )
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--json", type=Path, default=None,
+        help="write the record here (and its plot next to it), e.g. " + str(RECORD),
+    )  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     systems = ["loop", *(s for s in args.systems if s != "loop")]
@@ -253,7 +261,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cells += [f"{row['mib'][s]:.1f}" for s in systems]
             print(f"| {batch} | {mode} | " + " | ".join(cells) + " |", flush=True)
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1))
+        record = {
+            "command": " ".join(["python -m benchmarks.pair_state", *(argv or sys.argv[1:])]),
+            "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "torch": torch.__version__,
+            "threads": 1,
+            "clock": args.clock,
+            "machine": machine(),
+            "rows": rows,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        plots.plot_pair_state(record, args.json.with_suffix(".png"))
     return 0
 
 

@@ -324,8 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     harness.write_json(record, args.out / f"{stem}.json")
     harness.write_markdown(record, args.out / f"{stem}.md")
+    harness.write_plot(record, args.out / f"{stem}.png")
     print(harness.markdown_report(record))
-    print(f"wrote {args.out / stem}.json/.md", file=sys.stderr)
+    print(f"wrote {args.out / stem}.json/.md/.png", file=sys.stderr)
     return 0
 
 

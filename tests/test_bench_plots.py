@@ -1,0 +1,53 @@
+"""Every committed benchmark record has its plot, and ``benchmarks.plots`` can redraw it.
+
+docs/benchmarks.md links one plot per workload (issue #18); these tests keep a record
+from landing without one and check that the plotter of every record kind still reads
+the records as they are written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks import plots
+
+RESULTS = plots.RESULTS
+
+
+def _records() -> list[Path]:
+    return sorted(RESULTS.rglob("*.json"))
+
+
+def test_every_committed_record_has_a_plotter_and_a_plot() -> None:
+    records = _records()
+    assert len(records) >= 10
+    for path in records:
+        assert plots.plotter_for(path) is not None, f"no plotter for {path.relative_to(RESULTS)}"
+        assert path.with_suffix(".png").exists(), f"{path.relative_to(RESULTS)} has no plot"
+
+
+def test_plots_redraws_every_record(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    copy = tmp_path / "results"
+    for path in _records():
+        target = copy / path.relative_to(RESULTS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
+    assert plots.main(["--results", str(copy)]) == 0
+    for path in copy.rglob("*.json"):
+        png = path.with_suffix(".png")
+        assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+
+
+def test_standalone_plotters_read_what_the_scripts_write(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    pair_state = {"rows": [{"batch": 8, "mode": "fwd", "loop_over": {"loop": 1.0, "map": 1.3}}]}
+    assert plots.plot_pair_state(pair_state, tmp_path / "p.png")
+    record = json.loads((RESULTS / "nested" / "moe.json").read_text())
+    assert plots.plot_moe(record, tmp_path / "m.png")
+    assert not plots.write_bars(tmp_path / "empty.png", "t", {}, "y")
+    assert not (tmp_path / "empty.png").exists()
