@@ -51,3 +51,15 @@ def test_standalone_plotters_read_what_the_scripts_write(tmp_path: Path) -> None
     assert plots.plot_moe(record, tmp_path / "m.png")
     assert not plots.write_bars(tmp_path / "empty.png", "t", {}, "y")
     assert not (tmp_path / "empty.png").exists()
+
+
+def test_a_standalone_run_writes_its_plot_next_to_its_record(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from benchmarks import moe
+
+    out = tmp_path / "moe.json"
+    moe.main(
+        ["--tokens", "64", "--experts", "4", "--dim", "8", "--rounds", "1", "--json", str(out)]
+    )
+    assert json.loads(out.read_text())["modes"]
+    assert out.with_suffix(".png").exists()
