@@ -17,7 +17,8 @@ growth of the peak RSS while the step runs once more, each system in a fresh pro
 
 Usage: ``nice -n 5 python -m benchmarks.pair_state --batch 8 32 --rounds 7 [--clock cpu]
 [--memory] [--json benchmarks/results/pairs/pair_state.json]`` (the record, and its plot
-next to it).
+next to it). ``--steady 4``: each system's calls back to back within a round, as a
+training loop makes them (see :func:`run_case`).
 """
 
 from __future__ import annotations
@@ -183,8 +184,20 @@ def _memory_child(system: str, batch: int, backward: bool) -> float:
 
 
 def run_case(
-    batch: int, backward: bool, systems: Sequence[str], rounds: int, clock: str = "wall"
+    batch: int,
+    backward: bool,
+    systems: Sequence[str],
+    rounds: int,
+    clock: str = "wall",
+    steady: int = 0,
 ) -> dict[str, Any]:
+    """One batch size and mode: every system checked against the loop, then timed.
+
+    ``steady``: in each round a system runs ``steady + 1`` times back to back, as a
+    training loop calls its step, and the median of the last ``steady`` calls is the
+    round's time (0: once per round, right after the previous system's call, so its
+    time includes what that call left behind: freed memory the allocator returned to
+    the system, caches full of another working set)."""
     inputs = make_inputs(batch)
     steps = {name: build(name, inputs, backward) for name in systems}
     reference = steps["loop"]()
@@ -200,6 +213,15 @@ def run_case(
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
+            if steady:
+                steps[name]()  # the call after another system's: not timed
+                calls = []
+                for _ in range(steady):
+                    start = now()
+                    steps[name]()
+                    calls.append(now() - start)
+                times[name].append(statistics.median(calls))
+                continue
             start = now()
             steps[name]()
             times[name].append(now() - start)
@@ -207,6 +229,7 @@ def run_case(
     row: dict[str, Any] = {
         "batch": batch,
         "mode": "fwd+bwd" if backward else "fwd",
+        "steady": steady,
         "mean_n": sum(lengths) / len(lengths),
         "max_n": max(lengths),
         "pairs": sum(n * n for n in lengths),
@@ -226,6 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS))
     parser.add_argument("--mode", nargs="+", default=["fwd", "fwd+bwd"])
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument(
+        "--steady", type=int, default=0, metavar="CALLS",
+        help="time CALLS back-to-back calls of each system per round (after one untimed)",
+    )  # fmt: skip
     parser.add_argument(
         "--clock",
         choices=["wall", "cpu"],
@@ -251,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for batch in args.batch:
         for mode in args.mode:
             backward = mode == "fwd+bwd"
-            row = run_case(batch, backward, systems, args.rounds, args.clock)
+            row = run_case(batch, backward, systems, args.rounds, args.clock, args.steady)
             if args.memory:
                 row["mib"] = {s: measure_memory(s, batch, backward) for s in systems}
             rows.append(row)
@@ -267,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "torch": torch.__version__,
             "threads": 1,
             "clock": args.clock,
+            "steady": args.steady,
+            "malloc": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
             "machine": machine(),
             "rows": rows,
         }
