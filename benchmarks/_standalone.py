@@ -30,8 +30,9 @@ def header(module: str, args: argparse.Namespace) -> dict[str, Any]:
 def rotated_rounds(
     runs: dict[str, Callable[[], float]], rounds: int, ours: str = "raggedfn"
 ) -> dict[str, Any]:
-    """Time every system once per round, in an order rotated from round to round
-    (round 0 warms up). ``runs[name]()`` returns the seconds of one call.
+    """Time every system once per round, in an order rotated from round to round and
+    reversed every other round, so that no system always runs first or right after the
+    same other one (round 0 warms up). ``runs[name]()`` returns the seconds of one call.
 
     Returns:
         ``{"median_ms": {name: ms}, "raggedfn_over": {other: median per-round ratio}}``.
@@ -39,7 +40,8 @@ def rotated_rounds(
     names = list(runs)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds + 1):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order[::-1] if r % 2 else order:
             seconds = runs[name]()
             if r:
                 times[name].append(seconds)

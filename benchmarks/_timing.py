@@ -221,9 +221,13 @@ def measure_case(
     for r in range(repeats):
         if r >= 3 and time.perf_counter() > deadline:
             break
-        # rotate the order, so that no system always runs first (cold) or right after another
+        # rotate the order, so that no system always runs first (cold), and reverse it every
+        # other round, so that none always runs right after the same other one (a rotation
+        # alone keeps each system's predecessor: what that one leaves behind, freed memory
+        # the allocator gave back or caches full of its data, would bias one system's time)
         shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+        order = names[shift:] + names[:shift]
+        for name in order[::-1] if r % 2 else order:
             one = ready[name]
             one.times.append(time_once(one.step.run, case.device, one.number))
     base_times = ready[base_name].times

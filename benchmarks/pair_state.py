@@ -212,6 +212,8 @@ def run_case(
     now = time.perf_counter if clock == "wall" else time.thread_time
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
+        if r % 2:  # backwards every other round: no system always follows the same one
+            order.reverse()
         for name in order:
             if steady:
                 steps[name]()  # the call after another system's: not timed

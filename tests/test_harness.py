@@ -324,7 +324,8 @@ def test_memory_of_a_suite_is_measured_in_one_subprocess(monkeypatch):
 
 
 def test_every_system_runs_in_every_round_in_rotated_order():
-    """Systems are interleaved: each round times each system once, the order rotates."""
+    """Systems are interleaved: each round times each system once, the order rotates and
+    every other round runs backwards."""
     log: list[str] = []
 
     def builder(name: str):
@@ -347,7 +348,8 @@ def test_every_system_runs_in_every_round_in_rotated_order():
     cells = harness.measure_case(suite, case, names, warmup=0, repeats=4, min_time=0.0)
     timed = log[-4 * 3 * 1 :]  # min_time 0: one call per sample; calibration came before
     rounds = [timed[i : i + 3] for i in range(0, 12, 3)]
-    assert rounds == [names, names[1:] + names[:1], names[2:] + names[:2], names]
+    # rotated, and reversed every other round: each system also runs right after each other
+    assert rounds == [names, (names[1:] + names[:1])[::-1], names[2:] + names[:2], names[::-1]]
     by = {c.system: c for c in cells}
     assert all(c.rounds == 4 for c in cells)
     assert set(by["raggedfn"].versus) == {"loop"} and set(by["loop"].versus) == {"raggedfn"}
@@ -369,3 +371,24 @@ def test_gpu_script_refuses_without_a_device(capsys):
         pytest.skip("a CUDA device is present: the script would run every suite")
     assert gpu.main(["--quick"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_standalone_rounds_rotate_and_reverse():
+    """The standalone scripts' rounds: every system once per round, rotated, every other
+    round backwards (so no system always follows the same one); round 0 warms up."""
+    from benchmarks._standalone import rotated_rounds
+
+    log: list[str] = []
+
+    def run(name: str):
+        def once() -> float:
+            log.append(name)
+            return {"raggedfn": 1.0, "loop": 2.0, "padded": 4.0}[name]
+
+        return once
+
+    names = ["raggedfn", "loop", "padded"]
+    got = rotated_rounds({n: run(n) for n in names}, rounds=3)
+    rounds = [log[i : i + 3] for i in range(0, 12, 3)]
+    assert rounds == [names, (names[1:] + names[:1])[::-1], names[2:] + names[:2], names[::-1]]
+    assert got["raggedfn_over"] == {"loop": 0.5, "padded": 0.25}
