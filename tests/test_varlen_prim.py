@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import raggedfn
 from raggedfn import RaggedError, _prims
+from raggedfn._prims import _varlen
 
 Q_LENGTHS, K_LENGTHS = [3, 0, 5, 1, 2], [4, 2, 0, 1, 6]
 
@@ -111,3 +112,33 @@ def test_compiled_plain_attention_uses_the_varlen_op_and_other_cases_the_planned
         torch.compile(masked, backend=backend, fullgraph=True)(q, k, v, kp), masked(q, k, v, kp)
     )
     assert "host_planned" in graphs[-1] and "varlen_attention" not in graphs[-1]
+
+
+@pytest.mark.parametrize("unit_stride", [True, False], ids=["views", "strided-d-copies"])
+def test_per_sample_heads_are_views_unless_d_is_strided(unit_stride):
+    """The loop hands the kernel ``[1, H, N, D]`` views of the packed rows when ``D`` has
+    unit stride (no per-sample copies, forward or backward) and copies otherwise; both
+    equal SDPA per sample in values and gradients."""
+    q, k, v = packed(Q_LENGTHS, 0, dim=4), packed(K_LENGTHS, 1, dim=4), packed(K_LENGTHS, 2, dim=4)
+    if not unit_stride:  # same numbers, D strided: [T, D, H] storage seen as [T, H, D]
+        q, k, v = (
+            t.with_values(t.values.detach().transpose(1, 2).contiguous().transpose(1, 2))
+            for t in (q, k, v)
+        )
+        for t in (q, k, v):
+            assert t.values.stride(-1) != 1
+            t.values.requires_grad_(True)
+    row = q.values[3:8].detach()
+    assert (_varlen._heads(row).data_ptr() == row.data_ptr()) == unit_stride
+    got = run(q, k, v, False)
+    want = reference(q, k, v, False)
+    torch.testing.assert_close(got, want)
+    cotangent = torch.randn_like(got)
+    leaves = [q.values, k.values, v.values]
+    options = {"allow_unused": True, "materialize_grads": True}
+    for g, w in zip(
+        torch.autograd.grad(got, leaves, cotangent, **options),
+        torch.autograd.grad(want, leaves, cotangent, **options),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, w)

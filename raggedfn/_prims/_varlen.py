@@ -29,8 +29,12 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _heads(t: Tensor) -> Tensor:
-    """``[N, H, D]`` rows of one sample as a contiguous ``[1, H, N, D]`` batch."""
-    return t.transpose(0, 1).unsqueeze(0).contiguous()
+    """``[N, H, D]`` rows of one sample as a ``[1, H, N, D]`` batch: a view where ``D`` is
+    the unit-stride axis (torch's CPU kernels read strided heads in place, as eager
+    ``raggedfn.attention`` calls them), else a copy (the kernel is slower on, and rounds
+    differently for, a strided ``D``)."""
+    view = t.transpose(0, 1).unsqueeze(0)
+    return view if view.stride(-1) == 1 else view.contiguous()
 
 
 def _bounds(
