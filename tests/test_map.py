@@ -648,6 +648,46 @@ def test_splits_along_dense_axes():
     assert report.fully_batched, str(report)
 
 
+def _grad_fns(t):
+    """Names of every autograd node behind ``t``."""
+    seen, stack, names = set(), [t.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(n for n, _ in node.next_functions)
+    return names
+
+
+def test_unbind_of_a_dense_axis_is_one_unbind_in_values_and_gradients():
+    # the fused-QKV pattern: [N, 3, H, Dh] -> permute -> unbind(0); batched as one unbind of
+    # the packed values (its backward stacks), not one select per piece (each zero-fills)
+    x = tokens(LENGTHS, dim=12)
+    w = weights(12, 12, seed=5)
+
+    def f(t, w):
+        q, k, v = (t @ w).view(t.shape[0], 3, 2, 2).permute(1, 2, 0, 3).unbind(0)
+        return (q * k + v.exp()).transpose(0, 1).reshape(t.shape[0], 4)
+
+    values = x.values.clone().requires_grad_(True)
+    w_leaf = w.clone().requires_grad_(True)
+    out = raggedfn.map(f, x.with_values(values), w_leaf, in_dims=(0, None))
+    assert "UnbindBackward0" in _grad_fns(out.values)
+    assert "SelectBackward0" not in _grad_fns(out.values)
+    expected = loop(f, x, w)
+    assert_same(out, expected)
+    cotangent = torch.randn_like(out.values)
+    got = torch.autograd.grad(out.values, [values, w_leaf], cotangent)
+    parts = [t.clone().requires_grad_(True) for t in samples(x)]
+    w_ref = w.clone().requires_grad_(True)
+    want_out = torch.cat([f(t, w_ref) for t in parts])
+    want = torch.autograd.grad(want_out, [*parts, w_ref], cotangent)
+    torch.testing.assert_close(got[0], torch.cat(want[:-1]))
+    torch.testing.assert_close(got[1], want[-1])
+
+
 def test_max_and_min_with_indices():
     x = tokens((3, 1, 5))
 

@@ -317,10 +317,9 @@ def split_rule(ctx: Ctx, step: Any, x: Any, *rest: Any, **kwargs: Any) -> Any:
     if axis.ragged:
         raise Unsupported("a split along a ragged axis")
     if packet is aten.unbind:
-        count = x.values.shape[1 + axis.index]
-        return tuple(
-            dense_axis_op(x, dim, lambda v, d, i=i: v.select(d, i), removes=True)
-            for i in range(count)
-        )
+        # one unbind of the packed values, as torch per sample: its backward stacks the
+        # gradients (one copy), where one select per piece zero-fills a full-size gradient each
+        pieces = x.values.unbind(1 + axis.index)
+        return tuple(dense_axis_op(x, dim, lambda v, d, p=p: p, removes=True) for p in pieces)
     pieces = packet(x.values, rest[0], 1 + axis.index)
     return tuple(RaggedB(p, x.layout, x.sz, x.struct) for p in pieces)
