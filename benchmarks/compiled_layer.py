@@ -1,0 +1,191 @@
+"""One BERT layer, fwd+bwd: ``raggedfn.map`` eager vs compiled, and the hand-written layer.
+
+The layer is ``benchmarks/bert.py``'s post-norm encoder layer at one of its scales
+(``--scale tiny``: hidden 128, 2 heads; ``mini``: 256, 4), on a batch of harness
+``lognormal`` lengths (``--batch``, ``--length-scale``: the ``make bench`` BERT sizes by
+default). Systems, every one differentiating w.r.t. the input and every parameter:
+
+- ``map``: ``raggedfn.map(layer_sample, x, params)`` (ordinary torch code for one sample);
+- ``map compiled``: a function of the packed fields and the parameters calling that
+  ``map``, under ``torch.compile(fullgraph=True, dynamic=True)`` (inductor);
+- ``raggedfn`` / ``raggedfn compiled``: the layer written with raggedfn's ops, eager and
+  compiled the same way (what compile gives without ``map`` in between).
+
+Each round runs every system once, in rotated order; the table gives the median and
+the minimum over rounds (on a loaded machine the minimum is the steadier estimate of a
+system's own cost) and each compiled system's speedup over the same system eager (the
+median of per-round ratios, and the ratio of minima). The first compiled call's
+seconds (dynamo + AOTAutograd + inductor, forward and backward) are broken down with
+``torch._dynamo.utils.compile_times()`` (phases overlap: C++
+compilation runs inside codegen and in worker processes); ``--profile`` adds a ``torch.profiler`` table
+per system. Set ``TORCHINDUCTOR_CACHE_DIR`` to an empty folder for a cold compile.
+
+Run: ``python -m benchmarks.compiled_layer [--scale mini] [--rounds 21] [--profile]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch._dynamo.utils import counters
+
+import raggedfn
+from benchmarks import bert
+from benchmarks._cases import DISTRIBUTIONS
+
+# what a first compile spends its time on (names of torch._dynamo.utils.compile_times())
+PHASES = {
+    "total": "_compile.compile_inner",
+    "dynamo: bytecode tracing": "bytecode_tracing",
+    "AOTAutograd: joint graph": "aot_trace_joint_graph",
+    "inductor forward": "compile_fx.<locals>.fw_compiler_base",
+    "inductor backward": "compile_fx.<locals>.bw_compiler",
+    "inductor: codegen": "GraphLowering.codegen",
+    "inductor: C++ compile and load": "compile_file",
+    "guards": "build_guards",
+}
+
+
+def compile_phases() -> dict[str, float]:
+    """Seconds per phase of the compiles so far (what ``compile_times`` prints, summed)."""
+    times = torch._dynamo.utils.compilation_time_metrics
+    return {label: float(sum(times.get(key, []))) for label, key in PHASES.items()}
+
+
+def systems(scale: str, x: raggedfn.Ragged) -> dict[str, Callable[..., Tensor]]:
+    heads = bert.SCALES[scale][2]
+    layout = x.layout
+
+    def layer_sample(t: Tensor, p: dict[str, Tensor]) -> Tensor:
+        return bert.layer_sample(t, p, heads)
+
+    def mapped(values: Tensor, offsets: Tensor, sizes: Tensor, p: dict[str, Tensor]) -> Tensor:
+        y = raggedfn.Ragged(values, offsets, sizes, layout)
+        return raggedfn.map(layer_sample, y, p, in_dims=(0, None)).values
+
+    def hand_written(
+        values: Tensor, offsets: Tensor, sizes: Tensor, p: dict[str, Tensor]
+    ) -> Tensor:
+        return bert.layer_ragged(raggedfn.Ragged(values, offsets, sizes, layout), p, heads).values
+
+    return {"map": mapped, "raggedfn": hand_written}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    torch._dynamo.config.capture_scalar_outputs = True
+    dim = bert.SCALES[args.scale][1]
+    lengths = DISTRIBUTIONS["lognormal"].lengths(args.batch, args.length_scale)
+    gen = torch.Generator().manual_seed(0)
+    params = bert.layer_params(bert.make_params(1, dim, gen, torch.float32), 0)
+    params = {k: v.requires_grad_() for k, v in params.items()}
+    values = torch.randn(sum(lengths), dim, generator=gen).requires_grad_()
+    x = raggedfn.from_lengths(values, torch.tensor(lengths))
+    cotangent = torch.randn(sum(lengths), dim, generator=gen)
+    leaves = [values, *params.values()]
+    fns = systems(args.scale, x)
+
+    def step(fn: Callable[..., Tensor]) -> float:
+        start = time.perf_counter()
+        out = fn(values, x.offsets, x.sizes, params)
+        torch.autograd.grad(out, leaves, cotangent)
+        return time.perf_counter() - start
+
+    step(fns["map"])  # map's eager trace
+    first: dict[str, float] = {}
+    graphs: dict[str, int] = {}
+    phases: dict[str, dict[str, float]] = {}
+    for name in list(fns):
+        torch._dynamo.reset()
+        counters.clear()
+        before = compile_phases()
+        compiled = torch.compile(fns[name], fullgraph=True, dynamic=True, backend=args.backend)
+        first[name] = round(step(compiled), 1)
+        graphs[name] = counters["stats"]["unique_graphs"]
+        after = compile_phases()
+        phases[name] = {k: round(after[k] - before[k], 1) for k in after}
+        with torch.no_grad():
+            torch.testing.assert_close(
+                compiled(values, x.offsets, x.sizes, params),
+                fns["map"](values, x.offsets, x.sizes, params),
+                rtol=1e-4,
+                atol=1e-4,
+            )
+        fns[f"{name} compiled"] = compiled
+    for fn in fns.values():
+        step(fn)
+        step(fn)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(args.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(step(fns[name]))
+    record: dict[str, Any] = {
+        "scale": args.scale,
+        "backend": args.backend,
+        "lengths": lengths,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "first_call_s": first,
+        "graphs": graphs,
+        "compile_phases_s": phases,
+        "median_ms": {n: round(statistics.median(t) * 1e3, 2) for n, t in times.items()},
+        "min_ms": {n: round(min(t) * 1e3, 2) for n, t in times.items()},
+        "compiled_over_eager": {},
+    }
+    for name in ("map", "raggedfn"):
+        eager, compiled = times[name], times[f"{name} compiled"]
+        record["compiled_over_eager"][name] = {
+            "median_of_ratios": round(
+                statistics.median(a / b for a, b in zip(eager, compiled, strict=True)), 3
+            ),
+            "ratio_of_minima": round(min(eager) / min(compiled), 3),
+        }
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        record["profiles"] = {}
+        for name, fn in fns.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(5):
+                    step(fn)
+            record["profiles"][name] = prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=15
+            )
+    return record
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", default="mini", choices=["tiny", "mini", "small"])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--length-scale", type=float, default=0.125)
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend")
+    args = parser.parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        record = run(args)
+    print(f"{args.scale} layer, lengths {record['lengths']}, {args.threads} thread(s)")
+    print("| system | median ms | min ms |\n|---|---|---|")
+    for name, ms in record["median_ms"].items():
+        print(f"| {name} | {ms} | {record['min_ms'][name]} |")
+    print("compiled over eager:", record["compiled_over_eager"])
+    print("first compiled call (s):", record["first_call_s"], "graphs:", record["graphs"])
+    print("compile phases (s):", record["compile_phases_s"])
+    for name, table in record.get("profiles", {}).items():
+        print(f"--- {name}\n{table}")
+    return record
+
+
+if __name__ == "__main__":
+    main()

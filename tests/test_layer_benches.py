@@ -1,0 +1,44 @@
+"""benchmarks/bert_floor.py and benchmarks/compiled_layer.py run at tiny sizes and check
+the systems they time against each other first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import _systems, bert_floor, compiled_layer
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+
+
+def test_floor_prints_one_row_per_scale_after_checking_the_systems(capsys):
+    rows = bert_floor.main(["--quick", "--workload", "tiny", "--rounds", "1"])
+    assert len(rows) == 1 and rows[0].startswith("| tiny | 8 |"), rows
+    assert "raggedfn / dense@T" in capsys.readouterr().out
+
+
+def test_floor_refuses_a_wrong_system(monkeypatch):
+    build = _systems.SYSTEMS["raggedfn"]
+
+    def wrong(case, model):
+        step = build(case, model)
+        collect = step.collect
+        return _systems.Step(step.run, lambda out: [t + 1 for t in collect(out)])
+
+    monkeypatch.setitem(_systems.SYSTEMS, "raggedfn", wrong)
+    with pytest.raises(AssertionError, match="tiny raggedfn"):
+        bert_floor.main(["--quick", "--workload", "tiny", "--rounds", "1"])
+
+
+def test_compiled_layer_checks_and_times_every_system_with_one_graph_each():
+    torch._dynamo.reset()
+    args = ["--scale", "tiny", "--batch", "3", "--length-scale", "0.1", "--rounds", "1"]
+    record = compiled_layer.main([*args, "--backend", "eager"])
+    systems = {"map", "map compiled", "raggedfn", "raggedfn compiled"}
+    assert set(record["median_ms"]) == systems
+    assert set(record["compiled_over_eager"]) == {"map", "raggedfn"}
+    assert set(record["first_call_s"]) == {"map", "raggedfn"}
+    assert record["graphs"] == {"map": 1, "raggedfn": 1}  # fullgraph, no recompile
