@@ -11,7 +11,7 @@ import torch.utils._pytree as pytree
 
 from .._errors import RaggedPerformanceWarning, describe, fail
 from .._ragged import Ragged
-from . import _cache
+from . import _cache, _warm
 from ._cache import CacheInfo, Variant
 from ._chunks import (
     check_chunk_elements,
@@ -24,7 +24,6 @@ from ._chunks import (
 from ._compiled import compiled_map
 from ._groups import (
     _check_randomness,
-    _columns,
     _device_of,
     _restructure,
     _split,
@@ -34,7 +33,7 @@ from ._groups import (
 from ._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx, run
 from ._plans import _new_variant
 from ._report import MapReport
-from ._signature import leaf_kinds, signature
+from ._signature import _columns, leaf_kinds, signature, size_classes  # noqa: F401
 from ._sizes import Unsupported
 from ._split import empty_result
 from ._trace import _LOCK, is_ragged_leaf, tracing
@@ -153,22 +152,6 @@ def _prepare_flat(fn_name: str, args: tuple[Any, ...], dims: tuple[Any, ...]) ->
     return dims, list(args), flat_spec(len(args))[0], kinds, batch_size
 
 
-def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
-    """For every ragged axis of every mapped input: the first axis whose sizes equal its
-    own in every sample (one host sync). Equal axes share one symbol in the trace, so
-    ``p + p.transpose(0, 1)`` on square pair states, or pair and token inputs of the
-    same length, trace without a size mismatch."""
-    count = sum(
-        leaf.num_ragged for leaf, kind in zip(leaves, kinds, strict=True) if kind == "ragged"
-    )
-    if count < 2:  # nothing to compare (and no columns to slice out)
-        return tuple(range(count))
-    columns = _columns(leaves, kinds)
-    table = torch.stack(columns, 1)
-    equal = (table[:, :, None] == table[:, None, :]).all(0).tolist()
-    return tuple(row.index(True) for row in equal)
-
-
 def _roots(f: Any, leaves: list[Any], kinds: list[str]) -> list[tuple[Any, str]]:
     """What the dependency walk starts from: ``f`` and the non-scalar shared constants
     (a module passed with ``in_dims=None`` is read like a captured one)."""
@@ -240,6 +223,7 @@ def _map(
     if torch.compiler.is_compiling():
         return compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)
     variant, lifted, entry, classes = _lookup(f, leaves, kinds, treespec, dims)
+    _warm.remember(entry, args, in_dims, dims, kinds, classes, variant)
     if report is not None:
         report.traces = entry.traces
         report.structure = variant.structure
@@ -427,7 +411,10 @@ def map(
         >>> y.shape
         torch.Size([2, 5])
     """
-    return _map(f, args, in_dims, strict, randomness, None, chunk_elements)
+    out = _warm.call(f, args, in_dims, strict, randomness, chunk_elements)
+    if out is _warm.MISS:
+        return _map(f, args, in_dims, strict, randomness, None, chunk_elements)
+    return out
 
 
 def map_report(

@@ -55,6 +55,7 @@ class Entry:
     traces: int = 0
     hits: int = 0
     evictions: int = 0
+    warm: list[Any] = dataclasses.field(default_factory=list)  # recent hits (see _warm)
 
 
 class CacheInfo(NamedTuple):
@@ -167,8 +168,10 @@ def add(entry: Entry, variant: Variant) -> None:
     entry.variants.insert(0, variant)
     REGISTRY[variant.vid] = variant
     while len(entry.variants) > MAX_VARIANTS:
-        REGISTRY.pop(entry.variants.pop().vid, None)
+        dropped = entry.variants.pop()
+        REGISTRY.pop(dropped.vid, None)
         entry.evictions += 1
+        entry.warm = [m for m in entry.warm if m.variant is not dropped]
 
 
 def info(f: Any) -> CacheInfo:

@@ -18,19 +18,10 @@ from ._fallback import function_loop
 from ._interpret import Recorder, guard_mask, make_ctx, run
 from ._plans import Failure, _trace_plan
 from ._report import MapReport
+from ._signature import _columns
 from ._split import empty_samples, merge, take
 from ._steps import Plan
 from ._trace import _LOCK, is_ragged_leaf
-
-
-def _columns(leaves: list[Any], kinds: list[str]) -> list[torch.Tensor]:
-    """``[B]`` sizes of every ragged axis of every mapped input, flattened in order."""
-    return [
-        leaf.sizes[:, k]
-        for leaf, kind in zip(leaves, kinds, strict=True)
-        if kind == "ragged"
-        for k in range(leaf.num_ragged)
-    ]
 
 
 def _warn(variant: Variant | None, what: str) -> None:

@@ -180,13 +180,7 @@ def run(
     frees = last_uses(plan, len(inputs)) if not compiling else [()] * len(plan.steps)
 
     def resolve(a: Any) -> Any:
-        if isinstance(a, Ref):
-            return values[a.index]
-        if isinstance(a, (list, tuple)):
-            return type(a)(resolve(v) for v in a) if not hasattr(a, "_fields") else a
-        if isinstance(a, dict):
-            return {k: resolve(v) for k, v in a.items()}
-        return a
+        return resolve_in(a, values)
 
     count = len(inputs)
     tiles = ctx.tiles and not compiling
@@ -203,7 +197,7 @@ def run(
             static(step.kwargs)
         args = tuple([resolve(a) for a in step.args])
         kwargs = {k: resolve(v) for k, v in step.kwargs.items()} if step.kwargs else {}
-        values[count + k] = _run_step(ctx, plan, step, args, kwargs, strict, recorder, quiet)
+        values[count + k] = run_step(ctx, plan, step, args, kwargs, strict, recorder, quiet)
 
     values.extend([None] * len(plan.steps))
     k = 0
@@ -254,7 +248,19 @@ def run(
     return pytree.tree_unflatten(flat, plan.out_spec)
 
 
-def _run_step(
+def resolve_in(a: Any, values: list[Any]) -> Any:
+    """A step argument with its references replaced by their values (containers rebuilt,
+    named tuples are constants)."""
+    if isinstance(a, Ref):
+        return values[a.index]
+    if isinstance(a, (list, tuple)):
+        return type(a)(resolve_in(v, values) for v in a) if not hasattr(a, "_fields") else a
+    if isinstance(a, dict):
+        return {k: resolve_in(v, values) for k, v in a.items()}
+    return a
+
+
+def run_step(
     ctx: Ctx,
     plan: Plan,
     step: Step,
@@ -298,6 +304,26 @@ def _run_step(
             if recorder is not None:
                 recorder.batched[name] = recorder.batched.get(name, 0) + 1
             return result
+    return after_rule(ctx, plan, step, args, kwargs, strict, recorder, reason, quiet, leaves)
+
+
+def after_rule(
+    ctx: Ctx,
+    plan: Plan,
+    step: Step,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    strict: bool,
+    recorder: Recorder | None,
+    reason: str,
+    quiet: bool = False,
+    leaves: list[Any] | None = None,
+) -> Any:
+    """The rest of :func:`run_step` once a batched step's own rule said ``Unsupported``
+    (``reason``), or where it has none: other candidates, else the per-sample loop."""
+    name = step.op
+    if leaves is None:
+        leaves = _leaves(args, kwargs)
     candidates = [step.rule] if step.rule is not None and plan.pinned else []
     if not any(isinstance(a, (RaggedB, SymB)) for a in leaves):
         candidates.append(_vmap_rule)  # fixed-shape samples: torch.vmap can batch the op
@@ -394,4 +420,4 @@ def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     return out
 
 
-__all__ = ["Recorder", "guard_mask", "make_ctx", "run"]
+__all__ = ["Recorder", "after_rule", "guard_mask", "make_ctx", "resolve_in", "run", "run_step"]

@@ -7,10 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .._ragged import Ragged
 from ._values import axes_of
+
+
+def _columns(leaves: list[Any], kinds: list[str]) -> list[torch.Tensor]:
+    """``[B]`` sizes of every ragged axis of every mapped input, flattened in order."""
+    return [
+        leaf.sizes[:, k]
+        for leaf, kind in zip(leaves, kinds, strict=True)
+        if kind == "ragged"
+        for k in range(leaf.num_ragged)
+    ]
 
 
 def leaf_kinds(leaves: list[Any], mapped: list[bool]) -> list[str]:
@@ -59,3 +70,19 @@ def signature(leaves: list[Any], kinds: list[str]) -> tuple[Any, ...]:
         else:  # objects: what f reads of them is guarded by the dependency walk
             out.append(("O", type(leaf)))
     return tuple(out)
+
+
+def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
+    """For every ragged axis of every mapped input: the first axis whose sizes equal its
+    own in every sample (one host sync). Equal axes share one symbol in the trace, so
+    ``p + p.transpose(0, 1)`` on square pair states, or pair and token inputs of the
+    same length, trace without a size mismatch."""
+    count = sum(
+        leaf.num_ragged for leaf, kind in zip(leaves, kinds, strict=True) if kind == "ragged"
+    )
+    if count < 2:  # nothing to compare (and no columns to slice out)
+        return tuple(range(count))
+    columns = _columns(leaves, kinds)
+    table = torch.stack(columns, 1)
+    equal = (table[:, :, None] == table[:, None, :]).all(0).tolist()
+    return tuple(row.index(True) for row in equal)

@@ -1,0 +1,198 @@
+"""The warm call of ``raggedfn.map``: recent hits of a function, found again cheaply.
+
+A cache lookup (:func:`_api._lookup`) builds the call's whole key (normalized
+``in_dims``, tree spec, input signature, size classes, process state) and compares it
+with each variant's. For the common warm call (the same function, arguments of the
+same kinds, dtypes, fixed sizes, layouts and devices as a recent hit) :func:`call`
+compares a shorter key with those remembered on the cache entry instead, and runs
+the remembered plan (prepared, see :mod:`._prepared`). What it never skips: the
+dependency check of what ``f`` reads (``Deps.check``: rebound parameters are read
+afresh, changed module state or Python numbers send the call to the general path),
+the size classes of inputs with two or more ragged axes (they depend on the data),
+the batch sizes' agreement and the chunk budget. Anything else (other kinds of
+arguments, autocast, another default dtype, a nested value, a report, tracing,
+compiling) goes to the general path, which raises the errors and does the rest.
+
+Never runs while compiling: the first thing it asks is whether dynamo is tracing
+(reading the cache entry there would be a side effect dynamo guards on).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._ragged import Ragged
+from . import _blocks, _cache
+from ._chunks import DEFAULT_CHUNK_ELEMENTS, within_budget
+from ._interpret import make_ctx, run
+from ._prepared import eligible, prepared, run_prepared
+from ._signature import size_classes
+from ._trace import tracing
+
+MISS = object()
+
+
+class Memo:
+    """What a warm call compares, and what it runs: the argument count, ``in_dims`` as
+    given and normalized, one key per argument, the size classes (``None``: fewer than
+    two ragged axes, nothing to compare), the default dtype, the variant and its plan."""
+
+    __slots__ = ("classes", "count", "dims", "dtype", "in_dims", "keys", "kinds", "plan", "variant")
+
+    def __init__(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+def _key(a: Any, d: Any) -> Any:
+    """One argument's part of the warm key, ``None`` for one the warm call does not take
+    (the general path's signature holds the same facts: see ``_signature.signature``)."""
+    t = type(a)
+    if t is Ragged:
+        v = a.values
+        if d is None or a.row_offsets or type(v) is not Tensor:
+            return None
+        return (a.layout.code, v.dtype, v.shape[1:], v.device)
+    if t is Tensor:
+        if d is None:
+            return ("S", a.dtype, a.shape, a.device)
+        if a.ndim == 0:
+            return None
+        return ("D", a.dtype, a.shape[1:], a.device)
+    return None
+
+
+MAX_MEMOS = 8
+
+
+def remember(
+    entry: _cache.Entry,
+    args: tuple[Any, ...],
+    in_dims: Any,
+    dims: tuple[Any, ...],
+    kinds: list[str],
+    classes: tuple[int, ...],
+    variant: _cache.Variant,
+) -> None:
+    """Keep a general lookup's hit for the warm calls after it, where it qualifies: a
+    traced variant whose plan runs without guards, arguments that are all ``Ragged``
+    values (mapped) or plain tensors, no autocast. An entry keeps the last
+    :data:`MAX_MEMOS` (one function called on inputs of a few signatures, or with a
+    few closures: each finds its own)."""
+    if variant.failure is not None or not variant.plans or not eligible(variant.plans[0]):
+        return
+    if torch._C._is_any_autocast_enabled() or type(in_dims) not in (int, type(None), tuple):
+        return
+    keys = tuple(_key(a, d) for a, d in zip(args, dims, strict=True))
+    if any(k is None for k in keys):
+        return
+    axes = sum(a.num_ragged for a in args if type(a) is Ragged)
+    memo = Memo(
+        classes=classes if axes >= 2 else None,
+        count=len(args),
+        dims=dims,
+        dtype=torch.get_default_dtype(),
+        in_dims=in_dims,
+        keys=keys,
+        kinds=kinds,
+        plan=variant.plans[0],
+        variant=variant,
+    )
+    kept = [m for m in entry.warm if not (m.variant is variant and m.keys == keys)]
+    entry.warm = [memo, *kept[: MAX_MEMOS - 1]]
+
+
+def _same_in_dims(given: Any, memo: Memo) -> bool:
+    if given is memo.in_dims:
+        return True
+    if type(given) is not type(memo.in_dims):
+        return False
+    if type(given) is tuple:
+        # entries compared one by one only when they are what the general path accepts
+        return all(d is None or type(d) is int for d in given) and given == memo.in_dims
+    return given == memo.in_dims
+
+
+def _batch(args: tuple[Any, ...], memo: Memo) -> tuple[int, Any] | None:
+    """``(batch size, device)`` when every argument matches its key in ``memo`` and the
+    mapped ones agree on the batch size, else ``None``."""
+    batch_size = None
+    device = None
+    for a, d, want in zip(args, memo.dims, memo.keys, strict=True):
+        if _key(a, d) != want:
+            return None
+        if d is None:
+            continue
+        if type(a) is Ragged:
+            size = a.offsets.shape[0] - 1
+            if device is None:
+                device = a.values.device
+        else:
+            size = a.shape[0]
+            if device is None:
+                device = a.device
+        if batch_size is None:
+            batch_size = size
+        elif size != batch_size:
+            return None
+    return None if batch_size is None else (batch_size, device)
+
+
+def call(
+    f: Any,
+    args: tuple[Any, ...],
+    in_dims: Any,
+    strict: bool,
+    randomness: str,
+    chunk_elements: Any,
+) -> Any:
+    """``map(f, *args, ...)`` by a remembered hit, or :data:`MISS`."""
+    if torch.compiler.is_compiling():
+        return MISS
+    key = _cache.function_key(f)
+    entry = _cache._CACHE.get(key)
+    if entry is None or not entry.warm:
+        return MISS
+    if randomness not in ("different", "same") or tracing():
+        return MISS
+    if chunk_elements is None:
+        budget = DEFAULT_CHUNK_ELEMENTS
+    elif type(chunk_elements) is int and chunk_elements >= 0:
+        budget = chunk_elements
+    else:
+        return MISS
+    if torch._C._is_any_autocast_enabled():
+        return MISS
+    dtype = torch.get_default_dtype()
+    leaves = list(args)
+    for memo in entry.warm:
+        if len(args) != memo.count or memo.dtype is not dtype or not _same_in_dims(in_dims, memo):
+            continue
+        found = _batch(args, memo)
+        if found is None:
+            continue
+        batch_size, device = found
+        if memo.classes is not None and size_classes(leaves, memo.kinds) != memo.classes:
+            continue
+        plan = memo.plan
+        if budget and batch_size > 1 and not within_budget(plan, leaves, batch_size, budget):
+            return MISS  # groups of samples: the general path
+        variant = memo.variant
+        lifted: list[Any] = [None] * len(variant.deps.lifted)
+        if not variant.deps.check(f, lifted):
+            continue
+        entry.hits += 1
+        _cache._CACHE.move_to_end(key)
+        ctx, inputs = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
+        ctx.tiles = tiles = budget > 0
+        prep = prepared(plan)
+        if prep is None or (tiles and (prep.has_chains or (prep.has_blocks and _blocks.ENABLED))):
+            return run(plan, ctx, inputs, strict, None)
+        return run_prepared(prep, ctx, inputs, strict)
+    return MISS
+
+
+__all__ = ["MAX_MEMOS", "MISS", "call", "remember"]
