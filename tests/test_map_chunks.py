@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import raggedfn
 from property_tests.reference import assert_same, loop
 from raggedfn import RaggedError
-from raggedfn._map import _api, _interpret
+from raggedfn._map import _api, _interpret, _warm
 from raggedfn._map._chunks import group_bounds
 
 C = 4
@@ -119,13 +119,17 @@ def test_several_outputs_join_in_sample_order(chunk):
 
 def test_a_small_budget_runs_the_plan_once_per_group(monkeypatch):
     calls = []
-    real = _api.run
 
-    def counting(plan, ctx, *rest):
-        calls.append(ctx.batch_size)
-        return real(plan, ctx, *rest)
+    def counting(real):
+        def run(plan, ctx, *rest):
+            calls.append(ctx.batch_size)
+            return real(plan, ctx, *rest)
 
-    monkeypatch.setattr(_api, "run", counting)
+        return run
+
+    # every place that runs a plan: the general path, and the warm call (see _warm)
+    for module, name in ((_api, "run"), (_warm, "run"), (_warm, "run_prepared")):
+        monkeypatch.setattr(module, name, counting(getattr(module, name)))
     x = tokens((4, 4, 4, 4, 4, 4))
     ps = params()
     # the largest intermediate of a sample of 4: 4 * 4 * 4C = 256 elements

@@ -178,8 +178,6 @@ def call(
         if memo.classes is not None and size_classes(leaves, memo.kinds) != memo.classes:
             continue
         plan = memo.plan
-        if budget and batch_size > 1 and not within_budget(plan, leaves, batch_size, budget):
-            return MISS  # groups of samples: the general path
         variant = memo.variant
         lifted: list[Any] = [None] * len(variant.deps.lifted)
         if not variant.deps.check(f, lifted):
@@ -187,6 +185,12 @@ def call(
         entry.hits += 1
         _cache._CACHE.move_to_end(key)
         ctx, inputs = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
+        if budget and batch_size > 1 and not within_budget(plan, leaves, batch_size, budget):
+            from ._api import _run_chunked  # (it imports this module)
+
+            # maybe groups of samples: as the general path
+            args_ = (leaves, memo.kinds, lifted, budget, strict, randomness, None)
+            return _run_chunked(plan, ctx, inputs, *args_)
         ctx.tiles = tiles = budget > 0
         prep = prepared(plan)
         if prep is None or (tiles and (prep.has_chains or (prep.has_blocks and _blocks.ENABLED))):
