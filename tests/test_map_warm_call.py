@@ -72,7 +72,7 @@ def test_rebound_captured_tensors_are_read_afresh():
     x = tokens((2, 3))
     raggedfn.map(f, x)
     for _ in range(2):
-        w = torch.randn(3, 4, dtype=torch.float64)  # noqa: F841 (read by f)
+        w = torch.randn(3, 4, dtype=torch.float64)  # (read by f)
         assert_same(raggedfn.map(f, x), loop(f, x))
     assert raggedfn.map_cache_info(f).traces == 1
 
@@ -88,7 +88,7 @@ def test_changed_state_f_reads_goes_back_to_the_general_path(took):
     module.eval()
     raggedfn.map(f, x)
     raggedfn.map(f, x)
-    scale = 3.0  # noqa: F841 (read by f)
+    scale = 3.0  # (read by f)
     assert_same(raggedfn.map(f, x), loop(f, x))
     module.train()  # dropout draws: compare the zero pattern's complement only
     out = raggedfn.map(f, x)
@@ -147,6 +147,11 @@ def test_autocast_and_the_default_dtype_go_back_to_the_general_path(took):
     out = raggedfn.map(f, x)  # autocast off again: the float32 plan, not the one under it
     assert out.values.dtype == torch.float32
     assert_same(out, loop(f, x))
+    # a trace that reads whether autocast is on: remembered only outside autocast
+    g = lambda t: t * 2 if torch.is_autocast_enabled("cpu") else t - 1  # noqa: E731
+    for on in (False, False, True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+            assert_same(raggedfn.map(g, x), loop(g, x))
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
@@ -158,19 +163,22 @@ def test_autocast_and_the_default_dtype_go_back_to_the_general_path(took):
         assert_same(out, loop(g, x))
     finally:
         torch.set_default_dtype(old)
-    assert took == [False, True, False, True, False, False]
+    assert took == [False, True, False, True, False, True, False, True, False, False]
 
 
 def test_in_dims_and_argument_kinds_are_part_of_the_key(took):
-    f = lambda t, v: t * v  # noqa: E731
+    f = lambda t, v: t.sum(0) + v.sum(0)  # noqa: E731
     x = tokens((2, 3))
     v = torch.randn(2, 3, dtype=torch.float64)
     raggedfn.map(f, x, v)
-    assert_same(raggedfn.map(f, x, v), [s * v[i] for i, s in enumerate(samples(x))])
-    shared = torch.randn(3, dtype=torch.float64)
-    out = raggedfn.map(f, x, shared, in_dims=(0, None))
-    assert_same(out, [s * shared for s in samples(x)])
-    assert took == [False, True, False]
+    want = [s.sum(0) + v[i].sum(0) for i, s in enumerate(samples(x))]
+    assert_same(raggedfn.map(f, x, v), want)
+    # the same tensor shared ([2, 3] per sample): the mapped plan would be wrong
+    want = [s.sum(0) + v.sum(0) for s in samples(x)]
+    assert_same(raggedfn.map(f, x, v, in_dims=(0, None)), want)
+    out = raggedfn.map(f, x, torch.nn.Parameter(v), in_dims=(0, None))  # a Parameter too
+    assert_same(out, want)
+    assert took == [False, True, False, True]
 
 
 def test_the_general_path_still_raises_its_errors(took):
@@ -277,6 +285,7 @@ def _both(f: Any, *args: Any, budget: int = 0) -> tuple[Any, Any]:
 
 
 W = torch.randn(3, 3, dtype=torch.float64)
+B = torch.randn(3, dtype=torch.float64)
 
 
 @pytest.mark.parametrize(
@@ -289,6 +298,7 @@ W = torch.randn(3, 3, dtype=torch.float64)
         lambda t: torch.cat([t, t * 2], 0).sum(0),  # a list of references
         lambda t: t.max(0)[0],  # getitem of a tuple result
         lambda t: (t.sum(0), t @ W),  # a captured tensor, two outputs
+        lambda t: t @ W + B,  # two captured tensors
         lambda t: t.softmax(0) + (W * 2).sum(),  # an op on shared values only
         lambda t: torch.ones(2, dtype=torch.float64) + t.sum(),  # a fixed-size output
     ],
@@ -319,14 +329,68 @@ def _first(f: Any, x: Any) -> list[Any]:
     return [o[0] for o in out] if isinstance(out[0], tuple) else out
 
 
-def test_an_op_without_a_rule_loops_per_sample_from_the_prepared_plan(took):
-    f = lambda t: torch.flip(t, [0]) * 2  # noqa: E731
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: torch.flip(t, [0]) * 2,  # no rule
+        lambda t: t.flatten() * 2,  # a rule that says Unsupported for this use
+    ],
+)
+def test_an_op_without_a_rule_loops_per_sample_from_the_prepared_plan(f, took):
     x = tokens((2, 0, 3))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaggedPerformanceWarning)
         raggedfn.map(f, x)
         assert_same(raggedfn.map(f, x), loop(f, x))
     assert took == [False, True]
+    with pytest.raises(RaggedError, match="strict=True"):
+        raggedfn.map(f, x, strict=True)  # (raised inside the warm call)
+    assert took == [False, True]
+
+
+def test_prepared_steps_take_run_steps_way_on_unexpected_operands():
+    """What the plan alone cannot promise is checked at the call: an operand that is not
+    batched runs the op as it is (as ``run_step``), and a result of another dtype than
+    the traced one is cast (operands of another dtype than at the trace)."""
+    f = lambda t: t * 2  # noqa: E731
+    x = tokens((2, 3))
+    raggedfn.map(f, x)
+    plan = _cache_plan(f)
+    ((_, fn, _),) = _prepared.prepared(plan).steps
+    ctx, _ = _interpret.make_ctx(plan, [x], 2, x.values.device, [])
+    plain = torch.randn(3, dtype=torch.float64)
+    out = fn(ctx, [plain, None], False)
+    assert type(out) is torch.Tensor and torch.equal(out, plain * 2)
+    narrow = _interpret.make_ctx(plan, [x.with_values(x.values.float())], 2, "cpu", [])[1]
+    out = fn(ctx, [narrow[0], None], False)
+    assert out.values.dtype == torch.float64
+    torch.testing.assert_close(out.values, x.values * 2, rtol=1e-6, atol=1e-6)
+
+
+def test_the_warm_path_is_never_taken_while_compiling():
+    """A compiled function that maps, after eager calls that left a warm memo: dynamo
+    sees only the compiled path (one graph for new lengths, equal to eager)."""
+    w = torch.randn(3, 4)
+    f = lambda t, w: torch.tanh(t @ w)  # noqa: E731
+    x = tokens((2, 3), dtype=torch.float32)
+    raggedfn.map(f, x, w, in_dims=(0, None))
+    raggedfn.map(f, x, w, in_dims=(0, None))
+    assert raggedfn.map_cache_info(f).hits == 1  # the warm call (see the tests above)
+    layout = x.layout
+
+    def step(values, offsets, sizes, w):
+        y = raggedfn.map(f, raggedfn.Ragged(values, offsets, sizes, layout), w, in_dims=(0, None))
+        return y.values.sum(0)
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for lengths in ((2, 3), (4, 2, 5), (3, 3), (5, 6, 7, 2)):
+        y = tokens(lengths, dtype=torch.float32, seed=len(lengths))
+        args = (y.values, y.offsets, y.sizes, w)
+        torch.testing.assert_close(compiled(*args), step(*args))
+    # (the first batch specializes B = 2, as without the warm path: 2 graphs)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
 
 
 def test_plans_with_tiles_run_through_the_general_interpreter(took, monkeypatch):
@@ -341,9 +405,7 @@ def test_plans_with_tiles_run_through_the_general_interpreter(took, monkeypatch)
     ran = []
     for name in ("run", "run_prepared"):
         real = getattr(_warm, name)
-        monkeypatch.setattr(
-            _warm, name, lambda *a, _n=name, _r=real: ran.append(_n) or _r(*a)
-        )
+        monkeypatch.setattr(_warm, name, lambda *a, _n=name, _r=real: ran.append(_n) or _r(*a))
     f = captured
     x = tokens((3, 0, 5), width=4)
     want = loop(f, x)

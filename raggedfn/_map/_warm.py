@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn import Parameter
 
 from .._ragged import Ragged
 from . import _blocks, _cache
@@ -53,10 +54,12 @@ def _key(a: Any, d: Any) -> Any:
     t = type(a)
     if t is Ragged:
         v = a.values
-        if d is None or a.row_offsets or type(v) is not Tensor:
+        if d is None or type(v) is not Tensor:
             return None
+        # (a nested value's layout code names its nested axes: never a flat one's key,
+        # and the general path, which loops over nested values, remembers none)
         return (a.layout.code, v.dtype, v.shape[1:], v.device)
-    if t is Tensor:
+    if t is Tensor or t is Parameter:
         if d is None:
             return ("S", a.dtype, a.shape, a.device)
         if a.ndim == 0:
@@ -183,7 +186,10 @@ def call(
         if not variant.deps.check(f, lifted):
             continue
         entry.hits += 1
-        _cache._CACHE.move_to_end(key)
+        try:
+            _cache._CACHE.move_to_end(key)  # (another thread may have dropped it since)
+        except KeyError:
+            pass
         ctx, inputs = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
         if budget and batch_size > 1 and not within_budget(plan, leaves, batch_size, budget):
             from ._api import _run_chunked  # (it imports this module)
