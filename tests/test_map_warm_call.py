@@ -16,6 +16,7 @@ import raggedfn
 from property_tests.reference import assert_same, loop, samples
 from raggedfn import RaggedError, RaggedPerformanceWarning
 from raggedfn._map import _api, _cache, _interpret, _prepared, _warm
+from raggedfn._map._values import RaggedB
 
 
 def tokens(lengths: tuple[int, ...], width: int = 3, seed: int = 0, dtype=torch.float64):
@@ -338,13 +339,13 @@ def _first(f: Any, x: Any) -> list[Any]:
 )
 def test_an_op_without_a_rule_loops_per_sample_from_the_prepared_plan(f, took):
     x = tokens((2, 0, 3))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # (chunk_elements=0: no row tiles, the prepared plan)
         warnings.simplefilter("ignore", RaggedPerformanceWarning)
-        raggedfn.map(f, x)
-        assert_same(raggedfn.map(f, x), loop(f, x))
+        raggedfn.map(f, x, chunk_elements=0)
+        assert_same(raggedfn.map(f, x, chunk_elements=0), loop(f, x))
     assert took == [False, True]
     with pytest.raises(RaggedError, match="strict=True"):
-        raggedfn.map(f, x, strict=True)  # (raised inside the warm call)
+        raggedfn.map(f, x, strict=True, chunk_elements=0)  # (raised inside the warm call)
     assert took == [False, True]
 
 
@@ -357,13 +358,14 @@ def test_prepared_steps_take_run_steps_way_on_unexpected_operands():
     raggedfn.map(f, x)
     plan = _cache_plan(f)
     ((_, fn, _),) = _prepared.prepared(plan).steps
-    ctx, _ = _interpret.make_ctx(plan, [x], 2, x.values.device, [])
+    ctx, (a,) = _interpret.make_ctx(plan, [x], 2, x.values.device, [])
     plain = torch.randn(3, dtype=torch.float64)
     out = fn(ctx, [plain, None], False)
     assert type(out) is torch.Tensor and torch.equal(out, plain * 2)
-    narrow = _interpret.make_ctx(plan, [x.with_values(x.values.float())], 2, "cpu", [])[1]
-    out = fn(ctx, [narrow[0], None], False)
-    assert out.values.dtype == torch.float64
+    # the call's own partition (the shortcut's case), values of another dtype
+    narrow = RaggedB(a.values.float(), a.layout, a.sz, a.struct)
+    out = fn(ctx, [narrow, None], False)
+    assert out.struct is a.struct and out.values.dtype == torch.float64
     torch.testing.assert_close(out.values, x.values * 2, rtol=1e-6, atol=1e-6)
 
 
