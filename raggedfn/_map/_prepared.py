@@ -68,7 +68,7 @@ def prepared(plan: Plan) -> Prepared | None:
     if found is None:
         found = Prepared(plan, len(plan.placeholders)) if eligible(plan) else False
         plan._prepared = found  # type: ignore[attr-defined]
-    return found or None
+    return found if isinstance(found, Prepared) else None
 
 
 def run_prepared(prep: Prepared, ctx: Ctx, inputs: list[Any], strict: bool) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -83,7 +84,7 @@ def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     return RaggedB(values, layout, sz, struct)
 
 
-def _same_rows(ctx: Ctx, step: Any, args: tuple[Any, ...]) -> RaggedB | None:
+def _same_rows(ctx: Ctx, step: Any, args: Sequence[Any]) -> RaggedB | None:
     """The first ragged operand when the general path would hand every operand over as it
     is: each ragged operand has the result's rank, layout, sizes and partition (the one
     ``ctx`` holds for them), and the rest are Python numbers or 0-d tensors (torch

@@ -31,6 +31,7 @@ from ._chunks import DEFAULT_CHUNK_ELEMENTS, within_budget
 from ._interpret import make_ctx, run
 from ._prepared import eligible, prepared, run_prepared
 from ._signature import size_classes
+from ._steps import Plan
 from ._trace import tracing
 
 MISS = object()
@@ -43,9 +44,27 @@ class Memo:
 
     __slots__ = ("classes", "count", "dims", "dtype", "in_dims", "keys", "kinds", "plan", "variant")
 
-    def __init__(self, **fields: Any) -> None:
-        for name, value in fields.items():
-            setattr(self, name, value)
+    def __init__(
+        self,
+        classes: tuple[int, ...] | None,
+        count: int,
+        dims: tuple[Any, ...],
+        dtype: torch.dtype,
+        in_dims: Any,
+        keys: tuple[Any, ...],
+        kinds: list[str],
+        plan: Plan,
+        variant: _cache.Variant,
+    ) -> None:
+        self.classes = classes
+        self.count = count
+        self.dims = dims
+        self.dtype = dtype
+        self.in_dims = in_dims
+        self.keys = keys
+        self.kinds = kinds
+        self.plan = plan
+        self.variant = variant
 
 
 def _key(a: Any, d: Any) -> Any:
