@@ -134,6 +134,10 @@ SLICES = {
             # nested values are tested only here
             "tests/test_map_chunks.py",
             "tests/test_nested_map.py",
+            # the warm call's shortcuts and their ways back (_warm.py, _prepared.py,
+            # _same_rows, make_ctx's memo) are forced only here
+            "tests/test_map_warm_call.py",
+            "tests/test_map_warm_paths.py",
         ),
     ),
 }
@@ -152,7 +156,12 @@ SKIP_FAILING = {"ops": " and not test_weight_products_run_on_packed_values"}
 # Tests too slow to run for every surviving mutant that reaches them (50-60 s each here):
 # gradcheck of map's tiles and groups; the same file compares values and gradients of
 # both paths with the loop, which reaches the same code in about a second.
-SKIP_SLOW = {"map": " and not test_gradcheck_through_groups and not test_row_tiles_gradcheck"}
+SKIP_SLOW = {
+    "map": " and not test_gradcheck_through_groups and not test_row_tiles_gradcheck"
+    # 150 generated programs cold and warm (about 40 s); the same file forces each
+    # shortcut of the warm call on its own in about a second
+    " and not test_generated_programs_give_the_same_answer_warm_and_cold"
+}
 DO_NOT_MUTATE = [r"raise fail\(", r"raise RaggedError\("]
 
 # A mutant is stopped (a timeout, counted as killed) after (t + 1 s) * 2 * this CPU seconds,

@@ -369,7 +369,7 @@ def test_prepared_steps_take_run_steps_way_on_unexpected_operands():
     torch.testing.assert_close(out.values, x.values * 2, rtol=1e-6, atol=1e-6)
 
 
-def test_the_warm_path_is_never_taken_while_compiling():
+def test_the_warm_path_is_never_taken_under_compile():
     """A compiled function that maps, after eager calls that left a warm memo: dynamo
     sees only the compiled path (one graph for new lengths, equal to eager)."""
     w = torch.randn(3, 4)
