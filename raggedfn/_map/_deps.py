@@ -16,9 +16,9 @@ on the way becomes one node of a :class:`Deps`:
 - a function is compared by its code object; containers by type, length and
   keys; other objects by type, then attribute by attribute.
 
-The nodes compile into one straight-line Python function (``Deps.check``) that
-re-reads every path from the roots and fills the lifted slots: a warm call pays
-one small function call per node, no dict walking.
+The nodes compile (:mod:`._deps_check`) into one straight-line Python function
+(``Deps.check``) that re-reads every path from the roots and fills the lifted
+slots: a warm call pays one small function call per node, no dict walking.
 
 What is *not* followed (documented in docs/map.md): library code (functions and
 modules of torch, the standard library, installed packages and raggedfn itself)
@@ -33,7 +33,6 @@ import dis
 import enum
 import functools
 import math
-import re
 import sys
 import sysconfig
 import types
@@ -42,6 +41,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from ._deps_check import COMPILED as _COMPILED
+from ._deps_check import EAGER as _EAGER
+from ._deps_check import always as _always
+from ._deps_check import compile_check
 
 MAX_ITEMS = 256
 MAX_DEPTH = 10
@@ -189,59 +193,11 @@ class Deps:
         self.lines.append(f"if not ({condition}): return False")
 
     def finish(self) -> None:
-        self.check, self.source = self._compile(compiled=False)
+        roots, names = self.num_roots, self.names
+        self.check, self.source = compile_check(self.lines, roots, names, compiled=False)
         # for use inside torch.compile: closure cells and globals are read through
         # helpers that also work on functions dynamo made in the compiled region
-        self.compiled_check = self._compile(compiled=True)[0]
-
-    def _compile(self, compiled: bool) -> tuple[Callable[..., bool], str]:
-        roots = ", ".join(f"r{i}" for i in range(self.num_roots))
-        lines = [_accessors(line, compiled) for line in self.lines]
-        body = "\n        ".join(lines) or "pass"
-        source = (
-            f"def check({roots}{', ' if roots else ''}lifted):\n"
-            f"    try:\n        {body}\n"
-            f"    except Exception:\n        return False\n"
-            f"    return True\n"
-        )
-        namespace = dict(self.names)
-        if compiled:
-            from ._compiled import cell, global_of, static
-
-            namespace.update(_cell=cell, _global=global_of, _static=static)
-        exec(compile(source, "<raggedfn.map guards>", "exec"), namespace)
-        return namespace["check"], source
-
-
-_ACCESSOR = re.compile(r"^(v\d+) = (\w+)@(CELL|GLOBAL)\((.*)\)$")
-
-
-_EAGER = "#eager "
-
-
-_COMPILED = "#compiled "
-
-
-def _accessors(line: str, compiled: bool) -> str:
-    if line.startswith(_EAGER):
-        return "pass" if compiled else line[len(_EAGER) :]
-    if line.startswith(_COMPILED):
-        return line[len(_COMPILED) :] if compiled else "pass"
-    match = _ACCESSOR.match(line)
-    if match is None:
-        return line
-    var, parent, kind, arg = match.groups()
-    if kind == "CELL":
-        if compiled:
-            return f"{var} = _cell({parent}, {arg})"
-        return f"{var} = {parent}.__closure__[{arg}].cell_contents"
-    if compiled:
-        return f"{var} = _global({parent}, {arg})"
-    return f"{var} = {parent}.__globals__[{arg}]"
-
-
-def _always(*args: Any) -> bool:
-    return True
+        self.compiled_check = compile_check(self.lines, roots, names, compiled=True)[0]
 
 
 class _Walker:

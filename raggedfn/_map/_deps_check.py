@@ -1,0 +1,69 @@
+"""The compiled form of a :class:`._deps.Deps`: its lines as one Python function.
+
+A walk records one line per node (``v3 = v1.__dict__['scale']``, ``if not (...): return
+False``, ``lifted[0] = v5``); :func:`compile_check` joins them into ``check(r0, ...,
+lifted)``, which returns whether every recorded fact still holds and fills the lifted
+slots on the way. Closure cells and globals are read directly in the eager check and
+through helpers in the compiled one (they also work on functions dynamo made); lines
+marked :data:`EAGER` or :data:`COMPILED` belong to one of the two only.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+
+def compile_check(
+    lines: list[str], num_roots: int, names: dict[str, Any], compiled: bool
+) -> tuple[Callable[..., bool], str]:
+    """``(check, its source)`` of a walk's ``lines`` over ``num_roots`` roots, with the
+    constants ``names`` in its namespace."""
+    roots = ", ".join(f"r{i}" for i in range(num_roots))
+    body = "\n        ".join(_accessors(line, compiled) for line in lines) or "pass"
+    source = (
+        f"def check({roots}{', ' if roots else ''}lifted):\n"
+        f"    try:\n        {body}\n"
+        f"    except Exception:\n        return False\n"
+        f"    return True\n"
+    )
+    namespace = dict(names)
+    if compiled:
+        from ._compiled import cell, global_of, static
+
+        namespace.update(_cell=cell, _global=global_of, _static=static)
+    exec(compile(source, "<raggedfn.map guards>", "exec"), namespace)
+    return namespace["check"], source
+
+
+_ACCESSOR = re.compile(r"^(v\d+) = (\w+)@(CELL|GLOBAL)\((.*)\)$")
+
+
+EAGER = "#eager "
+
+
+COMPILED = "#compiled "
+
+
+def _accessors(line: str, compiled: bool) -> str:
+    if line.startswith(EAGER):
+        return "pass" if compiled else line[len(EAGER) :]
+    if line.startswith(COMPILED):
+        return line[len(COMPILED) :] if compiled else "pass"
+    match = _ACCESSOR.match(line)
+    if match is None:
+        return line
+    var, parent, kind, arg = match.groups()
+    if kind == "CELL":
+        if compiled:
+            return f"{var} = _cell({parent}, {arg})"
+        return f"{var} = {parent}.__closure__[{arg}].cell_contents"
+    if compiled:
+        return f"{var} = _global({parent}, {arg})"
+    return f"{var} = {parent}.__globals__[{arg}]"
+
+
+def always(*args: Any) -> bool:
+    """The check of a walk not finished yet."""
+    return True
