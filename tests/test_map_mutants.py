@@ -392,3 +392,103 @@ def test_dense_inputs_of_a_new_per_sample_shape_get_their_own_trace():
         d = torch.randn(2, n, 4, generator=gen, dtype=torch.float64)
         got = raggedfn.map(f, d)
         torch.testing.assert_close(got, torch.stack([f(s) for s in d]))
+
+
+# ----- output structure, guards from torch's own code, deep state (survivors of 2026-12-03) --
+
+
+def _assert_columns(outputs, expected):
+    """Each output of ``map`` equals the per-sample column of ``expected``."""
+    assert len(outputs) == len(expected[0])
+    for j, leaf in enumerate(outputs):
+        assert_same(leaf, [e[j] for e in expected])
+
+
+def _pinned_on_three_inputs(a, b, c):
+    return a * len(a), c[0] + b.sum(0)  # len() pins a's size; c[0] needs a row
+
+
+def test_a_pinned_function_of_three_size_classes_gets_its_structure_from_a_small_probe():
+    # len(a) fixes the first trace's size of a, so a probe trace on small sizes runs
+    # (docs/map.md: 2, 3, 4, ... per size class, never 0 or 1, torch's special cases);
+    # it completes, so the structure comes from f: a probe on an empty c would stop at
+    # c[0] and leave the structure unknown (None)
+    a, b, c = tokens((5, 3)), tokens((2, 4), seed=1), tokens((3, 2), seed=2)
+    report = raggedfn.map_report(_pinned_on_three_inputs, a, b, c)
+    _assert_columns(report.output, loop(_pinned_on_three_inputs, a, b, c))
+    assert report.structure == [(0,), ()], report.structure
+
+
+def _pinned_then_indexed(t):
+    return t.new_zeros(len(t)) + t[2, 0], t[2]  # the row count follows len(t)
+
+
+def test_a_pinned_trace_whose_probe_stops_claims_no_structure():
+    # the probe (size 2) stops at t[2]; a trace with a pinned size cannot tell its fixed
+    # output sizes from ragged ones alone (new_zeros(len(t)) has 5 rows in a trace on 5),
+    # so MapReport.structure is None rather than a structure that calls axis 0 fixed
+    x = tokens((4, 6, 3))
+    report = raggedfn.map_report(_pinned_then_indexed, x)
+    expected = loop(_pinned_then_indexed, x)
+    _assert_columns(report.output, expected)
+    assert isinstance(report.output[0], raggedfn.Ragged)  # 4, 6 and 3 rows
+    structure = report.structure
+    for j, column in enumerate(zip(*expected, strict=True)):
+        differ = {a for a in range(column[0].ndim) if len({c.shape[a] for c in column}) > 1}
+        assert structure is None or differ <= set(structure[j]), (j, structure)
+
+
+def test_batch_norm_refuses_a_one_row_sample_in_training_as_the_loop_does():
+    # torch's F.batch_norm checks `size_prods == 1` in Python (_verify_batch_size): a
+    # guard Ne(n, 1) from torch's own frame that decides an error, not a layout, so it is
+    # checked per sample (only size-1 guards of matmul/broadcasting frames are layout)
+    def f(t):
+        return F.batch_norm(t, None, None, training=True)
+
+    x = tokens((3, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        assert_same(raggedfn.map(f, x), loop(f, x))
+        one = tokens((3, 1, 2), seed=3)
+        with pytest.raises(ValueError, match="more than 1 value per channel"):
+            loop(f, one)
+        with pytest.raises(raggedfn.RaggedError, match="sample 1"):
+            raggedfn.map(f, one)
+
+
+def _class_chain(levels, leaf):
+    chain = type("Level0", (), {"w": leaf})
+    for level in range(1, levels + 1):
+        chain = type(f"Level{level}", (), {"inner": chain})
+    return chain
+
+
+SHALLOW = _class_chain(2, weights(D, seed=9))
+DEEP = _class_chain(11, weights(D, seed=10))
+
+
+def _reads_shallow(t):
+    return t * SHALLOW.inner.inner.w
+
+
+def _reads_deep(t):
+    return t * DEEP.inner.inner.inner.inner.inner.inner.inner.inner.inner.inner.inner.w
+
+
+def test_class_attributes_count_towards_the_depth_limit_of_the_walk():
+    # docs/map.md: objects more than 10 levels deep are not followed; a tensor the trace
+    # uses that the walk did not find cannot be re-read, so f is traced again at every
+    # call, with a warning. Each class attribute is one level, as any other attribute.
+    x = tokens()
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RaggedPerformanceWarning)
+            assert_same(raggedfn.map(_reads_shallow, x), loop(_reads_shallow, x))
+    assert raggedfn.map_cache_info(_reads_shallow).traces == 1
+    SHALLOW.inner.inner.w.mul_(-2)  # found by the walk: lifted, read afresh
+    assert_same(raggedfn.map(_reads_shallow, x), loop(_reads_shallow, x))
+    before = raggedfn.map_cache_info(_reads_deep).traces
+    for _ in range(2):
+        with pytest.warns(RaggedPerformanceWarning, match="does not follow"):
+            assert_same(raggedfn.map(_reads_deep, x), loop(_reads_deep, x))
+    assert raggedfn.map_cache_info(_reads_deep).traces == before + 2
