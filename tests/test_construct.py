@@ -684,3 +684,35 @@ def test_from_segment_ids_names_the_first_id_outside_the_segments(ids, bad):
         rf"got segment_ids\[{bad}\] = {ids[bad]}$",
     ):
         raggedfn.from_segment_ids(torch.zeros(3, 2), torch.tensor(ids), 3)
+
+
+def test_from_list_of_a_ragged_sample_beside_lists_reads_it_as_its_samples():
+    # a Ragged of pair states beside a list of pair states: the Ragged counts as the list
+    # of its samples (one document of sentences each), whatever its number of ragged axes
+    gen = torch.Generator().manual_seed(2)
+    p, q, r = (torch.randn(n, n, 3, generator=gen) for n in (2, 3, 1))
+    pairs = raggedfn.from_list([p, q], ragged_dims=(1, 2))
+    x = raggedfn.from_list([pairs, [r]], ragged_dims=(1, 2, 3))
+    assert repr(x.layout) == "Layout('r0 n1 r2 d0')" and x.batch_size == 2
+    for i, doc in enumerate(([p, q], [r])):
+        sentences = raggedfn.unbind(x[i])
+        assert len(sentences) == len(doc)
+        for got, want in zip(sentences, doc, strict=True):
+            assert torch.equal(got, want)
+
+
+def test_from_list_of_lists_with_rectangular_dims_checks_the_rectangles():
+    # list level 2 rectangular with level 1: every sentence of a document has one length
+    gen = torch.Generator().manual_seed(3)
+    docs = [[torch.randn(2, 3, generator=gen), torch.randn(2, 3, generator=gen)], []]
+    docs.append([torch.randn(1, 3, generator=gen)])
+    x = raggedfn.from_list(docs, rectangular_dims=(2,))
+    assert x.shape == (3, None, None, 3) and x.sizes.tolist() == [[2, 2], [0, 0], [1, 1]]
+    for i, doc in enumerate(docs):
+        got = x[i]
+        assert got.shape == (len(doc), doc[0].shape[0] if doc else 0, 3)
+        for j, sentence in enumerate(doc):
+            assert torch.equal(got[j], sentence)
+    docs[0][1] = torch.randn(1, 3, generator=gen)
+    with pytest.raises(RaggedError, match=r"rectangular with axis 0 .* sizes differ"):
+        raggedfn.from_list(docs, rectangular_dims=(2,))
