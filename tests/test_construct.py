@@ -4,6 +4,8 @@ import warnings
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import raggedfn
 from raggedfn import Layout, Ragged, RaggedError
@@ -716,3 +718,65 @@ def test_from_list_of_lists_with_rectangular_dims_checks_the_rectangles():
     docs[0][1] = torch.randn(1, 3, generator=gen)
     with pytest.raises(RaggedError, match=r"rectangular with axis 0 .* sizes differ"):
         raggedfn.from_list(docs, rectangular_dims=(2,))
+
+
+def _rectangles(values, outer, inner):
+    return raggedfn.from_nested_lengths(values, [outer, inner], rectangular_dims=(2,)).values
+
+
+def _from_sizes(values, sizes):
+    return raggedfn.from_sizes(values, sizes).values
+
+
+def _from_lengths(values, lengths):
+    return raggedfn.from_lengths(values, lengths).values
+
+
+_V7 = torch.arange(21.0).reshape(7, 3)
+_T = torch.tensor
+
+
+@pytest.mark.parametrize(
+    ("build", "good", "bad", "message"),
+    [
+        (_from_lengths, (_V7, _T([3, 4])), (_V7, _T([3, 3])), "from_lengths: lengths must account"),
+        (
+            _from_sizes,
+            (_V7, _T([[1, 3], [2, 2]])),
+            (_V7, _T([[1, 3], [2, 1]])),
+            "from_sizes: sizes must account for values.shape",
+        ),
+        (
+            _rectangles,
+            (_V7, _T([2, 1]), _T([2, 2, 3])),
+            (_V7, _T([2, 1]), _T([2, 3, 2])),
+            "from_nested_lengths: ragged axis 1 is rectangular with axis 0",
+        ),
+        (
+            _rectangles,
+            (_V7, _T([2, 0, 1]), _T([2, 2, 3])),
+            (_V7, _T([3, -1]), _T([2, 2, 3])),
+            r"from_nested_lengths: lengths\[0\] must be non-negative",
+        ),
+        (
+            _rectangles,
+            (_V7, _T([2, 1]), _T([2, 2, 3])),
+            (_V7, _T([2, 1]), _T([2, 2, 2])),
+            r"from_nested_lengths: lengths\[1\] must add up",
+        ),
+    ],
+    ids=["lengths", "sizes", "rectangles", "negative", "sum"],
+)
+def test_constructors_traced_on_fake_tensors_check_the_data_in_the_graph(build, good, bad, message):
+    # make_fx with fake tensors (as torch.compile and torch.export trace): the checks
+    # cannot read the data, so they are asserts in the graph, refusing bad data at run time
+    graph = make_fx(build, tracing_mode="fake")(*good)
+    assert torch.equal(graph(*good), build(*good))
+    with pytest.raises(RuntimeError, match=message):
+        graph(*bad)
+    with pytest.raises(RaggedError):
+        build(*bad)  # and eagerly, with the RaggedError of the host check
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        # fake tensors outside any fx trace (shape propagation): no data to check
+        fake = build(*(mode.from_tensor(t) for t in good))
+    assert fake.shape == good[0].shape
