@@ -137,6 +137,8 @@ SLICES = {
             # the warm call's shortcuts and their ways back (_warm.py, _prepared.py,
             # _same_rows, make_ctx's memo) are forced only here
             "tests/test_map_warm_call.py",
+            # pair blocks (_blocks.py) and the interpreter shortcuts (added 2026-12-03)
+            "tests/test_map_blocks.py",
             "tests/test_map_warm_paths.py",
         ),
     ),
@@ -153,14 +155,15 @@ SKIP = "not compile and not fullgraph and not test_call_picks_the_rule_set"
 # selection), per slice: exact equality of `x @ w` (one einsum on packed values) with
 # `x.values @ w` (another kernel) fails by one rounding under torch 2.13.0+cpu here.
 SKIP_FAILING = {"ops": " and not test_weight_products_run_on_packed_values"}
-# Tests too slow to run for every surviving mutant that reaches them (50-60 s each here):
-# gradcheck of map's tiles and groups; the same file compares values and gradients of
+# Tests too slow to run for every surviving mutant that reaches them (20-60 s each here):
+# gradcheck of map's tiles, blocks and groups; the same file compares values and gradients of
 # both paths with the loop, which reaches the same code in about a second.
 SKIP_SLOW = {
     "map": " and not test_gradcheck_through_groups and not test_row_tiles_gradcheck"
     # 150 generated programs cold and warm (about 40 s); the same file forces each
     # shortcut of the warm call on its own in about a second
     " and not test_generated_programs_give_the_same_answer_warm_and_cold"
+    " and not test_row_blocks_gradcheck"
 }
 DO_NOT_MUTATE = [r"raise fail\(", r"raise RaggedError\("]
 
