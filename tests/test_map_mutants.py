@@ -492,3 +492,117 @@ def test_class_attributes_count_towards_the_depth_limit_of_the_walk():
         with pytest.warns(RaggedPerformanceWarning, match="does not follow"):
             assert_same(raggedfn.map(_reads_deep, x), loop(_reads_deep, x))
     assert raggedfn.map_cache_info(_reads_deep).traces == before + 2
+
+
+# ----- survivors of the 2026-12-03 afternoon run (seed 20, 150 drawn) ---------------------
+
+
+def test_type_as_of_a_ragged_value_casts_its_values_as_torch():
+    x = tokens()
+
+    def f(t):
+        return t.float().type_as(t) * 2  # a ragged float32 value cast back to t's dtype
+
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.output.dtype == torch.float64
+
+
+def test_a_dense_axis_reduction_keeps_its_dtype_argument():
+    x = raggedfn.from_list([s.float() for s in raggedfn.unbind(tokens())])
+
+    def f(t):
+        return t.sum(1, dtype=torch.float64), t.mean(-1, dtype=torch.float64)
+
+    report = raggedfn.map_report(f, x)
+    _assert_columns(report.output, loop(f, x))
+    assert all(o.dtype == torch.float64 for o in report.output)
+
+
+HEAD, TAIL = weights(2, D, seed=11), weights(3, D, seed=12)
+
+
+def test_cat_along_the_ragged_axis_with_fixed_pieces_of_two_sizes():
+    # pieces of fixed sizes 2 and 3 along the ragged axis: each gets its own partition
+    x = tokens()
+
+    def f(t):
+        return torch.cat([HEAD, t, TAIL]) * 2
+
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_row_tiles_of_featureless_rows(monkeypatch):
+    from raggedfn._map import _tiles
+
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 16)
+    x = raggedfn.from_list([torch.zeros(n, 0, dtype=torch.float64) for n in (10, 9, 5)])
+
+    def f(t):
+        return torch.tanh(t) * 2 + 1
+
+    report = raggedfn.map_report(f, x, chunk_elements=1 << 40)
+    assert_same(report.output, loop(f, x))
+
+
+def test_a_chain_reading_a_per_sample_dense_value_runs_step_by_step(monkeypatch):
+    # tiles take ragged values of the chain's rows and shared weights; a per-sample
+    # dense operand (t.sum(0), one row per sample) sends the chain back to the plain path
+    from raggedfn._map import _tiles
+
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 16)
+    x = tokens((6, 0, 5, 7))
+
+    def f(t):
+        return (torch.tanh(t) * t.sum(0) + 1) * 2
+
+    report = raggedfn.map_report(f, x, chunk_elements=1 << 40)
+    assert_same(report.output, loop(f, x))
+
+
+def test_a_per_sample_dense_result_expanded_to_a_fixed_shape():
+    x = tokens()
+
+    def f(t):
+        return t.sum(0).expand(3, D) * 1.5, t.sum(0, keepdim=True).expand(2, D)
+
+    report = raggedfn.map_report(f, x)
+    _assert_columns(report.output, loop(f, x))
+
+
+def test_gather_out_of_range_names_the_first_sample_that_asks():
+    x = tokens((3, 2, 4))
+    index = raggedfn.from_list(
+        [torch.tensor([[0] * D, [2] * D]), torch.tensor([[1] * D]), torch.tensor([[3] * D])]
+    )
+
+    def f(t, i):
+        return torch.gather(t, 0, i)
+
+    assert_same(raggedfn.map(f, x, index), loop(f, x, index))
+    bad = raggedfn.from_list(
+        [torch.tensor([[0] * D]), torch.tensor([[0, 2, 0, 0], [0] * D]), torch.tensor([[3] * D])]
+    )
+    with pytest.raises(RuntimeError):
+        loop(f, x, bad)  # sample 1 has 2 rows
+    with pytest.raises(raggedfn.RaggedError, match="sample 1 asks for position 2 of 2"):
+        raggedfn.map(f, x, bad)
+
+
+def test_randomness_error_holds_for_samples_that_run_per_sample():
+    # len(t) pins the size: each length needs a plan of its own, four at most, so the
+    # samples of the fifth and sixth lengths run per sample; only they draw, and
+    # randomness="error" refuses the draw there as in a batched plan
+    x = tokens((5, 2, 4, 3, 6, 7))
+
+    def f(t):
+        return t * 2 if len(t) <= 5 else t + torch.rand(D, dtype=t.dtype)
+
+    short = tokens((5, 2, 4, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        assert_same(raggedfn.map(f, short, randomness="error"), loop(f, short))
+        with pytest.raises(raggedfn.RaggedError, match="randomness='error'"):
+            raggedfn.map(f, x, randomness="error")
