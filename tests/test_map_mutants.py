@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import typing
 import warnings
 
 import pytest
@@ -606,3 +607,78 @@ def test_randomness_error_holds_for_samples_that_run_per_sample():
         assert_same(raggedfn.map(f, short, randomness="error"), loop(f, short))
         with pytest.raises(raggedfn.RaggedError, match="randomness='error'"):
             raggedfn.map(f, x, randomness="error")
+
+
+# ----- map's branch under torch.compile, run eagerly --------------------------------------
+# Compiled tests cannot run under mutmut (dynamo does not trace its trampolines). With
+# torch.compiler.is_compiling() patched to True, map takes that branch (compiled_map:
+# the variant found by its coarse signature, or traced on the spot) and every step of it
+# but dynamo's own hooks (comptime, a no-op eagerly) runs, as the attention body of
+# test_prims_bodies.py does. tests/test_map_compile.py compiles the same paths for real.
+
+
+class Pair(typing.NamedTuple):
+    tokens: raggedfn.Ragged
+    gates: raggedfn.Ragged
+
+
+def _gated(p, scale):
+    return torch.tanh(p.tokens) * p.gates * scale
+
+
+def _weighted(t, w, d):
+    return (t @ w).sum(0) + d
+
+
+def _guarded(t):
+    return t * 2 if t.shape[0] > 2 else t - 1
+
+
+def _peak(t):
+    return t.amax(0)
+
+
+def _dynamo_branch(monkeypatch):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+
+
+def test_the_dynamo_branch_of_map_run_eagerly_equals_the_loop(monkeypatch):
+    x, w = tokens(), weights(D, 3)
+    d = weights(len(LENGTHS), 3, seed=4)
+    _dynamo_branch(monkeypatch)
+    # traced on the spot (no variant yet): ragged, shared and per-sample dense inputs
+    got = raggedfn.map(_weighted, x, w, d, in_dims=(0, None, 0))
+    want = [_weighted(t, w, row) for t, row in zip(raggedfn.unbind(x), d, strict=True)]
+    torch.testing.assert_close(got, torch.stack(want))
+    # a ragged input alone (a guard that every sample meets), then the variant found again
+    x = tokens((3, 5, 4))
+    for _ in range(2):
+        assert_same(raggedfn.map(_guarded, x), loop(_guarded, x))
+
+
+def test_the_dynamo_branch_finds_a_variant_an_eager_call_made(monkeypatch):
+    # a NamedTuple argument: its structure is not one the compiled branch can describe to
+    # trace on the spot, so only the variant of the eager call serves it
+    pair, scale = Pair(tokens(), tokens(seed=5)), torch.tensor(3.0, dtype=torch.float64)
+    samples = zip(raggedfn.unbind(pair.tokens), raggedfn.unbind(pair.gates), strict=True)
+    want = [_gated(Pair(t, g), scale) for t, g in samples]
+    assert_same(raggedfn.map(_gated, pair, scale, in_dims=(0, None)), want)
+    _dynamo_branch(monkeypatch)
+    assert_same(raggedfn.map(_gated, pair, scale, in_dims=(0, None)), want)
+    fresh = Pair(pair.tokens.float(), pair.gates.float())  # another dtype: no variant
+    with pytest.raises(raggedfn.RaggedError, match="no trace for this input signature"):
+        raggedfn.map(_gated, fresh, scale.float(), in_dims=(0, None))
+
+
+def test_the_dynamo_branch_checks_guards_and_empty_samples_in_the_graph(monkeypatch):
+    # no per-sample loop inside a graph: a sample failing a guard, or a reduction torch
+    # refuses on an empty sample, stops the batch with an assert instead
+    x = tokens((3, 4))
+    assert_same(raggedfn.map(_guarded, x), loop(_guarded, x))
+    assert_same(raggedfn.map(_peak, x), loop(_peak, x))
+    _dynamo_branch(monkeypatch)
+    assert_same(raggedfn.map(_guarded, x), loop(_guarded, x))
+    with pytest.raises(RuntimeError, match=r"raggedfn.map: guard .* fails"):
+        raggedfn.map(_guarded, tokens((3, 1)))
+    with pytest.raises(RuntimeError, match="amax"):
+        raggedfn.map(_peak, tokens((3, 0, 2)))
