@@ -21,9 +21,9 @@ import torch
 
 from property_tests.reference import samples
 from property_tests.test_attention_props import sdpa_sample
-from raggedfn import Ragged, _prims
+from raggedfn import Ragged, RaggedError, _prims
 from raggedfn.ops import _attention
-from tests.test_fast_paths import DISTINCT, EQUAL, check_attention, packed, spy
+from tests.test_fast_paths import DISTINCT, EQUAL, check_attention, options, packed, spy
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
@@ -77,3 +77,25 @@ def test_plain_attention_takes_the_varlen_op(lengths, causal, scale):
     theirs = torch.autograd.grad(torch.cat(want), leaves, cotangent)
     for a, b in zip(mine, theirs, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_forward_mode_ad_at_the_host_planned_node_is_refused_with_its_reason(monkeypatch):
+    """Under compile the node is a custom op without a forward-mode rule (torch.func
+    would give zero tangents through it): forward-mode AD there raises, saying why.
+    Eagerly (``is_compiling()`` False) the same call runs the eager op."""
+    q, k = packed(DISTINCT[0], 0), packed(DISTINCT[1], 1)
+    v = packed(DISTINCT[1], 2)
+    padding = options(*DISTINCT, "none", True)["key_padding"]
+
+    def run(values: torch.Tensor) -> torch.Tensor:
+        return _attention._compiled(q.with_values(values), k, v, None, padding, False, None).values
+
+    tangent = torch.ones_like(q.values)
+    torch.func.jvp(run, (q.values,), (tangent,))  # eagerly: no refusal
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(
+        RaggedError,
+        match=r"forward-mode AD .* inside torch.compile is not supported: ops that plan on "
+        r"the host run as one opaque custom op there",
+    ):
+        torch.func.jvp(run, (q.values,), (tangent,))
