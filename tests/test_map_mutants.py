@@ -682,3 +682,57 @@ def test_the_dynamo_branch_checks_guards_and_empty_samples_in_the_graph(monkeypa
         raggedfn.map(_guarded, tokens((3, 1)))
     with pytest.raises(RuntimeError, match="amax"):
         raggedfn.map(_peak, tokens((3, 0, 2)))
+
+
+def _closure_after_an_empty_cell():
+    a_gone = None
+    del a_gone  # an empty cell, before b_scale among f's free variables (sorted by name)
+    b_scale = 2.0
+
+    def f(t):
+        if t.ndim > 5:
+            return a_gone  # noqa: F821 (never taken: the cell stays empty)
+        return t * b_scale
+
+    def rescale(value):
+        nonlocal b_scale
+        b_scale = value
+
+    return f, rescale
+
+
+def test_a_closure_cell_after_an_empty_one_is_guarded():
+    f, rescale = _closure_after_an_empty_cell()
+    assert f.__code__.co_freevars == ("a_gone", "b_scale")
+    x = tokens()
+    assert_same(raggedfn.map(f, x), loop(f, x))
+    rescale(-3.0)
+    assert_same(raggedfn.map(f, x), loop(f, x))
+
+
+class _Settings(torch.nn.Module):
+    pass
+
+
+_SCALE_CELL = [2.0]  # 10 levels from f: f, SETTINGS, .config, 8 dicts, the list
+SETTINGS = _Settings()
+SETTINGS.config = functools.reduce(lambda inner, _: {"next": inner}, range(8), _SCALE_CELL)
+
+
+def _reads_settings(t):
+    level = SETTINGS.config
+    while isinstance(level, dict):
+        level = level["next"]
+    return t * level[0]
+
+
+def test_state_ten_levels_deep_through_a_module_attribute_is_followed():
+    # docs/map.md: objects up to 10 levels deep are followed (deeper ones are compared by
+    # identity); a module's plain attribute is one level, like any other attribute
+    x = tokens()
+    assert_same(raggedfn.map(_reads_settings, x), loop(_reads_settings, x))
+    try:
+        _SCALE_CELL[0] = -3.0  # an in-place change, 10 levels down
+        assert_same(raggedfn.map(_reads_settings, x), loop(_reads_settings, x))
+    finally:
+        _SCALE_CELL[0] = 2.0
