@@ -736,3 +736,21 @@ def test_state_ten_levels_deep_through_a_module_attribute_is_followed():
         assert_same(raggedfn.map(_reads_settings, x), loop(_reads_settings, x))
     finally:
         _SCALE_CELL[0] = 2.0
+
+
+def test_strict_refuses_the_loop_for_a_sample_empty_in_one_input_only():
+    # len(t) pins t's size: four plans (lengths 5, 2, 4, 3), then the sample of length 6
+    # runs per sample; its u is empty but its t is not, so it is not a sample without
+    # elements (those may run per sample under strict=True: they cost nothing)
+    x, u = tokens((5, 2, 4, 3, 6)), tokens((1, 1, 1, 1, 0), seed=3)
+
+    def f(t, v):
+        return t.sum(0) * len(t) + v.sum(0)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        assert_same(raggedfn.map(f, x, u), loop(f, x, u))
+    with pytest.raises(
+        raggedfn.RaggedError, match=r"the trace of f holds only under .* 1 sample.*strict=True"
+    ):
+        raggedfn.map(f, x, u, strict=True)
