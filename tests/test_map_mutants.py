@@ -754,3 +754,21 @@ def test_strict_refuses_the_loop_for_a_sample_empty_in_one_input_only():
         raggedfn.RaggedError, match=r"the trace of f holds only under .* 1 sample.*strict=True"
     ):
         raggedfn.map(f, x, u, strict=True)
+
+
+def test_the_report_lists_each_per_sample_loop_with_its_reason():
+    # a shared weight cast to the sample's dtype: type_as of a tensor that is the same
+    # for every sample runs per sample (correct, reported as such)
+    x, w = tokens(), weights(D).float()
+
+    def f(t):
+        return w.type_as(t) + t
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fallback == {"aten.type_as.default": "type_as of an unbatched tensor"}
+    lines = str(report).splitlines()
+    start = lines.index("  per-sample loop (no batching rule):")
+    assert lines[start + 1] == "    aten.type_as.default: type_as of an unbatched tensor"
