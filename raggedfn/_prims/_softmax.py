@@ -10,6 +10,7 @@ segment of only ``-inf`` it follows torch (value ``-inf``, gradient NaN).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -65,6 +66,29 @@ def _softmax(
 SEGMENT_REDUCE_MAX = 16384
 
 
+# From this many elements per segment on average (CPU, eager, sorted segments) softmax and
+# its backward run torch's fused kernel once per segment on its rows, writing into one
+# output: the per-sample loop's own kernel (one pass where the segment form takes about
+# seven), 1.7-3x faster from 6k elements per segment, slower below 2k (32 segments, 64-256
+# features, process time; benchmarks/segment_ops.py)
+PER_SEGMENT_MIN = 4096
+
+
+def _per_segment(values: Tensor, num_segments: int, bounds: Tensor | None) -> list[int] | None:
+    """The host bounds when softmax should run per segment, else None."""
+    if (
+        torch.compiler.is_compiling()
+        or torch._C._are_functorch_transforms_active()
+        or bounds is None
+        or values.device.type != "cpu"
+        or values.numel() < PER_SEGMENT_MIN * max(num_segments, 1)
+    ):
+        return None
+    host = bounds.tolist()
+    # every row in a segment (else the segment form, whose gather refuses the others)
+    return host if host[0] == 0 and host[-1] == values.shape[0] else None
+
+
 def _softmax_forward(
     values: Tensor, segments: Tensor, num_segments: int, bounds: Tensor | None
 ) -> Tensor:
@@ -73,6 +97,13 @@ def _softmax_forward(
         out = values - broadcast(_peak(values, segments, num_segments), segments)
         out.exp_()
         return out.div_(broadcast(segment_sum(out, segments, num_segments), segments))
+    host = _per_segment(values, num_segments, bounds)
+    if host is not None:
+        out = torch.empty_like(values, memory_format=torch.contiguous_format)
+        for start, stop in itertools.pairwise(host):
+            if stop > start:
+                torch._softmax(values[start:stop], 0, False, out=out[start:stop])
+        return out
     if (
         bounds is not None
         and values.numel() <= SEGMENT_REDUCE_MAX
@@ -116,13 +147,28 @@ class _SegmentSoftmax(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        _, segments, num_segments, _ = inputs
-        ctx.save_for_backward(output, segments)
+        _, segments, num_segments, bounds = inputs
+        ctx.save_for_backward(output, segments, bounds)
         ctx.num_segments = num_segments
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        out, segments = ctx.saved_tensors
+        out, segments, bounds = ctx.saved_tensors
+        # a first-order backward (no graph to record) takes torch's fused kernel per segment
+        host = None if torch.is_grad_enabled() else _per_segment(out, ctx.num_segments, bounds)
+        if host is not None:
+            grad = grad.contiguous()
+            result = torch.empty_like(out, memory_format=torch.contiguous_format)
+            for start, stop in itertools.pairwise(host):
+                if stop > start:
+                    torch._softmax_backward_data(
+                        grad[start:stop],
+                        out[start:stop],
+                        0,
+                        out.dtype,
+                        grad_input=result[start:stop],
+                    )
+            return result, None, None, None
         inner = segment_sum(grad * out, segments, ctx.num_segments)
         return out * (grad - broadcast(inner, segments)), None, None, None
 
