@@ -201,6 +201,40 @@ def test_the_general_path_still_raises_its_errors(took):
     assert took[:2] == [False, True] and not any(took[2:])
 
 
+def test_shared_containers_of_tensors_take_the_warm_path(took):
+    """A dict of parameters (in_dims=None): its tree spec and each tensor's metadata are
+    the key, its tensors are read at every call."""
+    f = lambda t, p: t @ p["w"] + p["b"] - p["c"]  # noqa: E731
+    gen = torch.Generator().manual_seed(4)
+    w, b, c = (torch.randn(*s, generator=gen, dtype=torch.float64) for s in ((3, 3), (3,), (3,)))
+    x = tokens((2, 0, 3))
+
+    def want(p):
+        return [s @ p["w"] + p["b"] - p["c"] for s in samples(x)]
+
+    p = {"w": w, "b": b, "c": c}
+    for _ in range(2):
+        assert_same(raggedfn.map(f, x, p, in_dims=(0, None)), want(p))
+    p = {"w": w * 2, "b": b + 1, "c": c}  # new tensors, the same spec
+    assert_same(raggedfn.map(f, x, p, in_dims=(0, None)), want(p))
+    assert took == [False, True, True]
+    # b and c swapped in the dict's order: another spec (the leaves come in another order)
+    q = {"w": w, "c": b, "b": c}
+    assert_same(raggedfn.map(f, x, q, in_dims=(0, None)), want(q))
+    # a number among the leaves: a constant of the trace, never remembered
+    r = {"w": w, "b": b, "c": 0.5}
+    assert_same(raggedfn.map(f, x, r, in_dims=(0, None)), want(r))
+    r = {"w": w, "b": b, "c": 1.5}
+    assert_same(raggedfn.map(f, x, r, in_dims=(0, None)), want(r))
+    assert took[3:] == [False, False, False]
+    # a list and a tuple of the same tensors: other specs
+    g = lambda t, p: t @ p[0] + p[1]  # noqa: E731
+    for container in (list, tuple, list):
+        ps = container((w, b))
+        assert_same(raggedfn.map(g, x, ps, in_dims=(0, None)), [s @ w + b for s in samples(x)])
+    assert took[6:] == [False, False, True]
+
+
 def test_randomness_error_and_strict_are_honoured_warm():
     d = lambda t: torch.nn.functional.dropout(t, 0.5)  # noqa: E731
     x = tokens((2, 3))
@@ -441,13 +475,15 @@ def _prep(x: Any) -> tuple[Any, ...]:
 
 def test_generated_programs_give_the_same_answer_warm_and_cold(took):
     """Differential: 150 generated programs (property_tests/map_programs.py), each mapped
-    twice with its shared arguments as separate tensors; the warm call (the prepared plan,
-    where the program qualifies) gives exactly the general path's values or error."""
+    twice with its shared arguments as separate tensors or as one dict (every other
+    program); the warm call (the prepared plan, where the program qualifies) gives
+    exactly the general path's values or error."""
     from property_tests.map_programs import params, program_stream
 
     names = list(params())
     dims = (0,) + (None,) * len(names)
-    warm = 0
+    warm = warm_dict = 0
+    outs_seen: list[bool] = []
     for _, program, batch in program_stream(5, 150, min_steps=2, max_steps=4):
         if "random" in program.tags():
             continue
@@ -456,17 +492,24 @@ def test_generated_programs_give_the_same_answer_warm_and_cold(took):
         x = batch.ragged()
         outs = []
         took.clear()
+        # every other program takes its parameters as one dict (a shared container)
+        whole = len(outs_seen) % 2 == 1
+        outs_seen.append(whole)
         for _ in range(2):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RaggedPerformanceWarning)
                 try:
-                    out = raggedfn.map(g, x, *params().values(), in_dims=dims)
+                    if whole:
+                        out = raggedfn.map(f, x, params(), in_dims=(0, None))
+                    else:
+                        out = raggedfn.map(g, x, *params().values(), in_dims=dims)
                 except Exception as error:  # compared below: the same error both times
                     out = (type(error), str(error))
             outs.append(out)
         cold, hot = outs
         if took == [False, True]:
             warm += 1
+            warm_dict += whole
         if isinstance(cold, tuple) and len(cold) == 2 and isinstance(cold[0], type):
             assert hot == cold, program.source()
             continue
@@ -484,7 +527,8 @@ def test_generated_programs_give_the_same_answer_warm_and_cold(took):
                 assert torch.equal(u.nan_to_num(), v.nan_to_num()), program.source()
             else:
                 assert u == v, program.source()
-    assert warm >= 30, warm  # the warm path was exercised (38 of 150 at seed 5)
+    # the warm path was exercised, with flat arguments and with the dict
+    assert warm >= 30 and warm_dict >= 10, (warm, warm_dict)
 
 
 def _is_ragged(v: Any) -> bool:

@@ -9,7 +9,9 @@ the remembered plan (prepared, see :mod:`._prepared`). What it never skips: the
 dependency check of what ``f`` reads (``Deps.check``: rebound parameters are read
 afresh, changed module state or Python numbers send the call to the general path),
 the size classes of inputs with two or more ragged axes (they depend on the data),
-the batch sizes' agreement and the chunk budget. Anything else (other kinds of
+the batch sizes' agreement and the chunk budget. Arguments may be ``Ragged`` values
+(mapped), tensors (mapped or shared) and shared containers of tensors (a dict of
+parameters: its tree spec is part of the key). Anything else (other kinds of
 arguments, autocast, another default dtype, a nested value, a report, tracing,
 compiling) goes to the general path, which raises the errors and does the rest.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 from torch.nn import Parameter
 
@@ -32,9 +35,10 @@ from ._interpret import make_ctx, run
 from ._prepared import eligible, prepared, run_prepared
 from ._signature import size_classes
 from ._steps import Plan
-from ._trace import tracing
+from ._trace import is_ragged_leaf, tracing
 
 MISS = object()
+_TREE = object()  # the tag of a container's key
 
 
 class Memo:
@@ -42,7 +46,18 @@ class Memo:
     given and normalized, one key per argument, the size classes (``None``: fewer than
     two ragged axes, nothing to compare), the default dtype, the variant and its plan."""
 
-    __slots__ = ("classes", "count", "dims", "dtype", "in_dims", "keys", "kinds", "plan", "variant")
+    __slots__ = (
+        "classes",
+        "count",
+        "dims",
+        "dtype",
+        "flat",
+        "in_dims",
+        "keys",
+        "kinds",
+        "plan",
+        "variant",
+    )
 
     def __init__(
         self,
@@ -55,7 +70,9 @@ class Memo:
         kinds: list[str],
         plan: Plan,
         variant: _cache.Variant,
+        flat: bool,
     ) -> None:
+        self.flat = flat  # every argument one leaf (no container)
         self.classes = classes
         self.count = count
         self.dims = dims
@@ -77,14 +94,30 @@ def _key(a: Any, d: Any) -> Any:
             return None
         # (a nested value's layout code names its nested axes: never a flat one's key,
         # and the general path, which loops over nested values, remembers none)
-        return (a.layout.code, v.dtype, v.shape[1:], v.device)
+        return ("R", a.layout.code, v.dtype, v.shape[1:], v.device)
     if t is Tensor or t is Parameter:
         if d is None:
             return ("S", a.dtype, a.shape, a.device)
         if a.ndim == 0:
             return None
         return ("D", a.dtype, a.shape[1:], a.device)
+    if d is None and (t is dict or t is list or t is tuple):
+        return _container_key(a)[0]
     return None
+
+
+def _container_key(a: Any) -> tuple[Any, list[Any]]:
+    """``(key, leaves)`` of a shared container (a dict of parameters): its tree spec and
+    each leaf's dtype, shape and device, where every leaf is a tensor (``None`` key
+    otherwise: a number or object among them is a constant of the trace, which the
+    general path compares by value or walks as a root of the dependency check)."""
+    leaves, spec = pytree.tree_flatten(a, is_leaf=is_ragged_leaf)
+    parts = []
+    for leaf in leaves:
+        if type(leaf) is not Tensor and type(leaf) is not Parameter:
+            return None, leaves
+        parts.append((leaf.dtype, leaf.shape, leaf.device))
+    return (_TREE, spec, tuple(parts)), leaves
 
 
 MAX_MEMOS = 8
@@ -100,8 +133,8 @@ def remember(
     variant: _cache.Variant,
 ) -> None:
     """Keep a general lookup's hit for the warm calls after it, where it qualifies: a
-    traced variant whose plan runs without guards, arguments that are all ``Ragged``
-    values (mapped) or plain tensors, no autocast. An entry keeps the last
+    traced variant whose plan runs without guards, arguments that are ``Ragged`` values
+    (mapped), tensors, or shared containers of tensors, no autocast. An entry keeps the last
     :data:`MAX_MEMOS` (one function called on inputs of a few signatures, or with a
     few closures: each finds its own)."""
     if variant.failure is not None or not variant.plans or not eligible(variant.plans[0]):
@@ -120,6 +153,9 @@ def remember(
         in_dims=in_dims,
         keys=keys,
         kinds=kinds,
+        flat=all(
+            type(a) is not dict and type(a) is not list and type(a) is not tuple for a in args
+        ),
         plan=variant.plans[0],
         variant=variant,
     )
@@ -138,14 +174,23 @@ def _same_in_dims(given: Any, memo: Memo) -> bool:
     return given == memo.in_dims
 
 
-def _batch(args: tuple[Any, ...], memo: Memo) -> tuple[int, Any] | None:
-    """``(batch size, device)`` when every argument matches its key in ``memo`` and the
-    mapped ones agree on the batch size, else ``None``."""
+def _batch(args: tuple[Any, ...], memo: Memo) -> tuple[int, Any, list[Any]] | None:
+    """``(batch size, device, flat leaves)`` when every argument matches its key in
+    ``memo`` and the mapped ones agree on the batch size, else ``None``."""
     batch_size = None
     device = None
+    leaves = list(args) if memo.flat else []
     for a, d, want in zip(args, memo.dims, memo.keys, strict=True):
+        if not memo.flat and want[0] is _TREE:
+            key, inner = _container_key(a)
+            if key != want:
+                return None
+            leaves.extend(inner)
+            continue
         if _key(a, d) != want:
             return None
+        if not memo.flat:
+            leaves.append(a)
         if d is None:
             continue
         if type(a) is Ragged:
@@ -160,7 +205,7 @@ def _batch(args: tuple[Any, ...], memo: Memo) -> tuple[int, Any] | None:
             batch_size = size
         elif size != batch_size:
             return None
-    return None if batch_size is None else (batch_size, device)
+    return None if batch_size is None else (batch_size, device, leaves)
 
 
 def call(
@@ -189,14 +234,13 @@ def call(
     if torch._C._is_any_autocast_enabled():
         return MISS
     dtype = torch.get_default_dtype()
-    leaves = list(args)
     for memo in entry.warm:
         if len(args) != memo.count or memo.dtype is not dtype or not _same_in_dims(in_dims, memo):
             continue
         found = _batch(args, memo)
         if found is None:
             continue
-        batch_size, device = found
+        batch_size, device, leaves = found
         if memo.classes is not None and size_classes(leaves, memo.kinds) != memo.classes:
             continue
         plan = memo.plan
