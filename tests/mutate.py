@@ -137,6 +137,7 @@ SLICES = {
             # the warm call's shortcuts and their ways back (_warm.py, _prepared.py,
             # _same_rows, make_ctx's memo) are forced only here
             "tests/test_map_warm_call.py",
+            "tests/test_map_prepared.py",
             # pair blocks (_blocks.py) and the interpreter shortcuts (added 2026-12-03)
             "tests/test_map_blocks.py",
             "tests/test_map_warm_paths.py",
