@@ -638,6 +638,10 @@ def _peak(t):
     return t.amax(0)
 
 
+def _reads_captured(t):
+    return torch.tanh(t @ CAPTURED)  # a captured tensor: lifted, its state checked
+
+
 def _dynamo_branch(monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
 
@@ -654,6 +658,7 @@ def test_the_dynamo_branch_of_map_run_eagerly_equals_the_loop(monkeypatch):
     x = tokens((3, 5, 4))
     for _ in range(2):
         assert_same(raggedfn.map(_guarded, x), loop(_guarded, x))
+        assert_same(raggedfn.map(_reads_captured, x), loop(_reads_captured, x))
 
 
 def test_the_dynamo_branch_finds_a_variant_an_eager_call_made(monkeypatch):
