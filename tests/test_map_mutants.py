@@ -777,3 +777,11 @@ def test_the_report_lists_each_per_sample_loop_with_its_reason():
     lines = str(report).splitlines()
     start = lines.index("  per-sample loop (no batching rule):")
     assert lines[start + 1] == "    aten.type_as.default: type_as of an unbatched tensor"
+
+
+def test_groups_of_samples_read_a_captured_tensor():
+    # a small chunk budget runs the samples in groups, each reading the captured weight
+    x = tokens((3, 5, 4, 6))
+    for chunk in (16, 0):
+        got = raggedfn.map(_reads_captured, x, chunk_elements=chunk)
+        assert_same(got, loop(_reads_captured, x))
