@@ -785,3 +785,27 @@ def test_groups_of_samples_read_a_captured_tensor():
     for chunk in (16, 0):
         got = raggedfn.map(_reads_captured, x, chunk_elements=chunk)
         assert_same(got, loop(_reads_captured, x))
+
+
+_PARTIAL_CELL = [2.0]  # 10 levels from the partial: .func, SETTINGS_7, .config, 7 dicts
+SETTINGS_7 = _Settings()
+SETTINGS_7.config = functools.reduce(lambda inner, _: {"next": inner}, range(7), _PARTIAL_CELL)
+
+
+def _reads_settings_7(t, offset):
+    level = SETTINGS_7.config
+    while isinstance(level, dict):
+        level = level["next"]
+    return t * level[0] + offset
+
+
+def test_state_ten_levels_deep_through_a_partial_is_followed():
+    # a partial's function is one level below the partial, like any attribute
+    f = functools.partial(_reads_settings_7, offset=1.0)
+    x = tokens()
+    assert_same(raggedfn.map(f, x), loop(f, x))
+    try:
+        _PARTIAL_CELL[0] = -3.0  # an in-place change, 10 levels down
+        assert_same(raggedfn.map(f, x), loop(f, x))
+    finally:
+        _PARTIAL_CELL[0] = 2.0
