@@ -157,17 +157,20 @@ def _trace_plan(
             )
     except RaggedError:
         raise
-    except Exception:
-        error = first_error
-        first = str(error).splitlines()[0] if str(error) else ""
-        reason = f"tracing failed: {type(error).__name__}: {first}"[:500]
-        return Failure(
-            reason,
-            getattr(error, "specs", None),
-            getattr(error, "pinned", False),
-            getattr(error, "guarded", False),
-            getattr(error, "out_spec", None),
-        )
+    except Exception:  # the first trace's reason is the one to report
+        return _failure(first_error)
+
+
+def _failure(error: Exception) -> Failure:
+    first = str(error).splitlines()[0] if str(error) else ""
+    reason = f"tracing failed: {type(error).__name__}: {first}"[:500]
+    return Failure(
+        reason,
+        getattr(error, "specs", None),
+        getattr(error, "pinned", False),
+        getattr(error, "guarded", False),
+        getattr(error, "out_spec", None),
+    )
 
 
 @dataclasses.dataclass
