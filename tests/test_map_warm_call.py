@@ -77,6 +77,45 @@ def test_rebound_captured_tensors_are_read_afresh():
     assert raggedfn.map_cache_info(f).traces == 1
 
 
+class _Deep:
+    pass
+
+
+def _deep_holder(levels: int) -> Any:
+    top = node = _Deep()
+    for _ in range(levels):
+        node.inner = _Deep()
+        node = node.inner
+    node.w = torch.randn(3, dtype=torch.float64)
+    return top, node
+
+
+DEEP_TOP, DEEP_LEAF = _deep_holder(12)  # deeper than the walk follows
+
+
+def _reads_too_deep(t):
+    node = DEEP_TOP
+    while hasattr(node, "inner"):
+        node = node.inner
+    return t * node.w
+
+
+def test_a_tensor_the_walk_cannot_find_is_never_served_warm(took):
+    """f reads a tensor below the walk's depth limit: its trace is not cached (traced at
+    every call, so never stale), so no warm memo may hold it either: a rebound tensor is
+    used at the next call (the warm path once served the first trace's tensor)."""
+    x = tokens((2, 0, 3))
+    for step in range(3):
+        with pytest.warns(RaggedPerformanceWarning, match="does not follow"):
+            out = raggedfn.map(_reads_too_deep, x)
+        assert_same(out, loop(_reads_too_deep, x))
+        DEEP_LEAF.w = torch.randn(
+            3, dtype=torch.float64, generator=torch.Generator().manual_seed(step)
+        )
+    assert not any(took)
+    assert raggedfn.map_cache_info(_reads_too_deep).traces == 3
+
+
 def test_changed_state_f_reads_goes_back_to_the_general_path(took):
     scale = 2.0
     module = torch.nn.Dropout(0.5)

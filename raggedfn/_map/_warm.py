@@ -139,6 +139,8 @@ def remember(
     few closures: each finds its own)."""
     if variant.failure is not None or not variant.plans or not eligible(variant.plans[0]):
         return
+    if not any(v is variant for v in entry.variants):
+        return  # not cached (f reads a tensor the walk does not find): traced at every call
     if torch._C._is_any_autocast_enabled() or type(in_dims) not in (int, type(None), tuple):
         return
     keys = tuple(_key(a, d) for a, d in zip(args, dims, strict=True))
