@@ -62,3 +62,10 @@ def test_keepdim_over_everything_as_torch(name: str) -> None:
     assert out.shape == (1, 1, 1)  # (B, N*, 3) with every axis kept
     assert torch.equal(out.flatten(), getattr(torch, name)(x.values).flatten())
     assert getattr(raggedfn, name)(x).shape == ()
+
+
+def test_norm_without_p_is_the_two_norm_as_torch() -> None:
+    x = tokens(3)
+    want = torch.stack([torch.linalg.vector_norm(s, dim=0) for s in per_sample(x)])
+    torch.testing.assert_close(raggedfn.norm(x, dim=1), want)
+    torch.testing.assert_close(raggedfn.norm(x), torch.linalg.vector_norm(x.values))
