@@ -20,7 +20,7 @@ Options (environment, as ``make mutate MUTATE_SLICES=...``):
     MUTATE_JOBS: mutants tested at once per slice (default 1; run under ``nice -n 10``).
     MUTATE_PARALLEL: slices run at once, each in its own process (default 2: the four
         default slices one after another take about 70 minutes on the shared 2-core
-        machine, two at a time about 40; docs/testing.md).
+        machine, two at a time 31.5 measured; docs/testing.md).
 
 Prints, per slice, killed / survived / no tests / timeouts, the killed share with
 its 95% Wilson interval (an estimate of the score over all the slice's mutants) and
