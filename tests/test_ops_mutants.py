@@ -145,3 +145,30 @@ def test_values_with_other_partitions_say_that_only_equal_partitions_combine() -
         r"the same samples and sizes combine elementwise\)$",
     ):
         x + y
+
+
+def test_logsumexp_over_an_empty_dense_axis_keeps_the_loops_shape():
+    """The empty-axis branch of ``_dense_logsumexp`` (torch's own logsumexp, kept dims):
+    -inf of the per-sample shape (kills its keepdim=True -> None)."""
+    x = raggedfn.from_list([torch.randn(n, 0, 3, dtype=torch.float64) for n in (2, 0, 3)])
+    out = raggedfn.logsumexp(x, 2)
+    for got, sample in zip(raggedfn.unbind(out), raggedfn.unbind(x), strict=True):
+        torch.testing.assert_close(got, torch.logsumexp(sample, 1))
+
+
+def test_gather_along_the_first_dense_axis_checks_the_later_ones():
+    """Along dense axis 0 the index may differ there, but not be larger along the next
+    one, as torch.gather (kills `_gather`'s continue -> break)."""
+    x = raggedfn.from_list([torch.randn(n, 2, 3, dtype=torch.float64) for n in (2, 3)])
+    index = raggedfn.from_list([torch.zeros(n, 1, 4, dtype=torch.int64) for n in (2, 3)])
+    for s, i in zip(raggedfn.unbind(x), raggedfn.unbind(index), strict=True):
+        with pytest.raises(RuntimeError):
+            torch.gather(s, 1, i)
+    with pytest.raises(RaggedError, match="size 4 along a dense axis where x has 3"):
+        raggedfn.gather(x, 2, index)
+    fits = raggedfn.from_list([torch.ones(n, 1, 3, dtype=torch.int64) for n in (2, 3)])
+    got = raggedfn.gather(x, 2, fits)
+    for g, s, i in zip(
+        raggedfn.unbind(got), raggedfn.unbind(x), raggedfn.unbind(fits), strict=True
+    ):
+        torch.testing.assert_close(g, torch.gather(s, 1, i))
