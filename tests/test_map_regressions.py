@@ -851,3 +851,25 @@ def test_19_a_float_read_with_item_is_defined_per_sample():
     got = _quiet(_scaled_by_a_float_read_from_the_data, x32)
     assert got.dtype == torch.float32  # a Python number does not promote the tensor
     assert_restacked(got, [_scaled_by_a_float_read_from_the_data(s) for s in raggedfn.unbind(x32)])
+
+
+def _gated_by_a_bool_read_from_the_data(t):
+    return t * (t.sum() > 0).item()
+
+
+def test_a_bool_read_with_item_is_defined_per_sample():
+    """``.item()`` of a bool tensor is torch's ``Eq(u0, 1)`` in the trace: ``u0`` was
+    never given its per-sample values (``KeyError: 'u0'`` where the loop runs; found by
+    the mutation helper). Empty samples (a False gate) included, float32 not promoted."""
+    x = raggedfn.from_list(_samples([3, 0, 2, 4]))
+    report = raggedfn.map_report(_gated_by_a_bool_read_from_the_data, x)
+    assert report.whole_loop is None and "aten.mul.Tensor" in report.batched, report
+    got = _quiet(_gated_by_a_bool_read_from_the_data, x)
+    want = [_gated_by_a_bool_read_from_the_data(s) for s in raggedfn.unbind(x)]
+    assert_restacked(got, want)
+    assert any(bool((s.sum() > 0).item()) for s in raggedfn.unbind(x))
+    assert any(not bool((s.sum() > 0).item()) for s in raggedfn.unbind(x))
+    x32 = raggedfn.from_list([s.float() for s in _samples([2, 4])])
+    got = _quiet(_gated_by_a_bool_read_from_the_data, x32)
+    assert got.dtype == torch.float32
+    assert_restacked(got, [_gated_by_a_bool_read_from_the_data(s) for s in raggedfn.unbind(x32)])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,6 +55,14 @@ def _define(ctx: Ctx, sz: Any, column: list[Any]) -> None:
             dtype=torch.float64 if floats else torch.int64,
             device=ctx.device,
         )
+    elif isinstance(sz, Sz) and (match := _BOOL_ITEM.fullmatch(sz.key)) is not None:
+        # a bool read from the data (``.item()`` of a bool tensor): torch's Eq(u, 1)
+        ctx.env[match.group(1)] = torch.tensor(
+            [int(bool(v)) for v in column], dtype=torch.int64, device=ctx.device
+        )
+
+
+_BOOL_ITEM = re.compile(r"Eq\((u\d+), 1\)")
 
 
 def restack(ctx: Ctx, outs: list[Any], spec: Any, defines: tuple[str, ...] = ()) -> Any:

@@ -458,11 +458,11 @@ def _unbacked(val: Any) -> set[str]:
     for item in items:
         if isinstance(item, Tensor):
             sizes: Any = item.shape
-        elif isinstance(item, (torch.SymInt, torch.SymFloat)):
-            sizes = (item,)
+        elif isinstance(item, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            sizes = (item,)  # a bool read from the data is Eq(u, 1), u in [0, 1]
         else:
             continue
         for s in sizes:
-            if isinstance(s, (torch.SymInt, torch.SymFloat)):
+            if isinstance(s, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                 out.update(str(f) for f in s.node.expr.free_symbols if is_unbacked(str(f)))
     return out
