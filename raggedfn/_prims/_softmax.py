@@ -148,12 +148,14 @@ class _SegmentSoftmax(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         _, segments, num_segments, bounds = inputs
-        ctx.save_for_backward(output, segments, bounds)
+        ctx.save_for_backward(output, segments)
         ctx.num_segments = num_segments
+        ctx.bounds = bounds  # host-side sample bounds (never batched): not a saved tensor
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        out, segments, bounds = ctx.saved_tensors
+        out, segments = ctx.saved_tensors
+        bounds = ctx.bounds
         # a first-order backward (no graph to record) takes torch's fused kernel per segment
         host = None if torch.is_grad_enabled() else _per_segment(out, ctx.num_segments, bounds)
         if host is not None:
