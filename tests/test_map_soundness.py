@@ -187,6 +187,38 @@ def test_slices_and_size_branches_equal_the_loop_on_empty_and_short_samples(f, l
     assert_same(out, expected)
 
 
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: t[:1] * t,
+        lambda t: t + t[-1:],
+        lambda t: (t - t[:1]).sum(0),
+        lambda t: torch.where(t[:1] > 0, t, t[-1:]),
+    ],
+)
+@pytest.mark.parametrize("lengths", [(3, 5, 2), (2, 0, 3), (1, 1), (0, 0), (1, 4, 6, 8)])
+@quiet
+def test_a_slice_of_one_row_broadcasts_against_the_rows_batched(f, lengths):
+    """``t[:1]`` has Min(1, N) rows: reasoned about obliviously it cannot broadcast
+    against N rows and the trace failed (the whole call per sample). It is traced again
+    on the example's sizes, every decision a guard checked per sample: batched, equal to
+    the loop in values and gradients, empty and one-row samples included."""
+    values = torch.randn(sum(lengths), D, dtype=torch.float64, requires_grad=True)
+    x = raggedfn.from_lengths(values * 1, torch.tensor(lengths))
+    report = raggedfn.map_report(f, x)
+    assert report.whole_loop is None, report.whole_loop
+    out = raggedfn.map(f, x)
+    want = loop(f, x)
+    assert_same(out, want)
+    got_values = out.values if isinstance(out, raggedfn.Ragged) else out
+    want_values = torch.cat([w.reshape(-1) for w in want])
+    weights = torch.arange(1.0, want_values.numel() + 1, dtype=torch.float64)
+    if want_values.numel():
+        (g,) = torch.autograd.grad(got_values.reshape(-1) @ weights, values, retain_graph=True)
+        (e,) = torch.autograd.grad(want_values @ weights, values)
+        torch.testing.assert_close(g, e)
+
+
 def test_output_structure_is_decided_by_f_not_by_this_batch():
     def untraceable(t):  # data-dependent control flow: the whole loop
         return t * 2 if bool(t.sum() > -1e9) else t

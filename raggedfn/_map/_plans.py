@@ -3,8 +3,10 @@ the output structure they agree on (which axes of each output are ragged)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -115,6 +117,19 @@ def _specs(plan: Plan | Failure) -> tuple[list[Any] | None, bool, bool]:
     return plan.specs, plan.pinned, plan.guarded
 
 
+@contextlib.contextmanager
+def _quiet_meta() -> Iterator[None]:
+    """torch's fake tensors log an ERROR for a meta function that raises (``amax`` of an
+    empty example); a retry that fails is reported by the first trace's reason."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _trace_plan(
     f: Any,
     leaves: list[Any],
@@ -131,15 +146,31 @@ def _trace_plan(
     except RaggedError:
         raise
     except Exception as error:  # data-dependent control flow, unsupported graph, ...
-        first = str(error).splitlines()[0] if str(error) else ""
-        reason = f"tracing failed: {type(error).__name__}: {first}"[:500]
-        return Failure(
-            reason,
-            getattr(error, "specs", None),
-            getattr(error, "pinned", False),
-            getattr(error, "guarded", False),
-            getattr(error, "out_spec", None),
-        )
+        first_error = error
+    try:
+        # sizes reasoned about obliviously can fail where every sample runs: ``t[:1] * t``
+        # broadcasts Min(1, N) rows against N only if N >= 1 is decided. Again on the
+        # example's sizes: each decision is a guard checked per sample
+        with torch._C._DisableFuncTorch(), torch.enable_grad(), _quiet_meta():
+            return trace(
+                f, leaves, kinds, treespec, classes, hints, deps.lifted_ids, oblivious=False
+            )
+    except RaggedError:
+        raise
+    except Exception:  # the first trace's reason is the one to report
+        return _failure(first_error)
+
+
+def _failure(error: Exception) -> Failure:
+    first = str(error).splitlines()[0] if str(error) else ""
+    reason = f"tracing failed: {type(error).__name__}: {first}"[:500]
+    return Failure(
+        reason,
+        getattr(error, "specs", None),
+        getattr(error, "pinned", False),
+        getattr(error, "guarded", False),
+        getattr(error, "out_spec", None),
+    )
 
 
 @dataclasses.dataclass

@@ -134,16 +134,17 @@ def _under_tracing(fn: Callable[..., Plan]) -> Callable[..., Plan]:
     """``fn`` run inside :func:`_tracing`."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Plan:
-        with _tracing():
+    def wrapper(*args: Any, oblivious: bool = True, **kwargs: Any) -> Plan:
+        with _tracing(oblivious):
             return fn(*args, **kwargs)
 
     return wrapper
 
 
 @contextlib.contextmanager
-def _tracing() -> Iterator[None]:
-    """Process-wide tracing state for one trace, always restored."""
+def _tracing(oblivious: bool = True) -> Iterator[None]:
+    """Process-wide tracing state for one trace, always restored; ``oblivious=False``
+    lets torch's meta functions decide on the example's sizes (each decision a guard)."""
     with _LOCK:
         flag = torch.fx._symbolic_trace._is_fx_tracing_flag
         _STATE.active = True
@@ -154,7 +155,7 @@ def _tracing() -> Iterator[None]:
             # fake tensor cache rebuilds outputs with guards of its own on storage
             # sizes (Ne(numel, 0)): layout bookkeeping, not values
             with (
-                fx_config.patch(backed_size_oblivious=True),  # type: ignore[attr-defined]
+                fx_config.patch(backed_size_oblivious=oblivious),  # type: ignore[attr-defined]
                 dynamo_config.patch(fake_tensor_cache_enabled=False),
             ):
                 yield
