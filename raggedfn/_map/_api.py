@@ -32,6 +32,7 @@ from ._groups import (
 )
 from ._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx, run
 from ._plans import _new_variant
+from ._random import same_start
 from ._report import MapReport
 from ._signature import _columns, leaf_kinds, signature, size_classes  # noqa: F401
 from ._sizes import Unsupported
@@ -340,8 +341,11 @@ def _run_chunked(
         leaf.offsets.tolist() if k == "ragged" else None
         for leaf, k in zip(leaves, kinds, strict=True)
     ]
+    restart = same_start(randomness, [plan])  # every group draws what the first does
 
     def run_group(start: int, stop: int) -> Any:
+        if restart is not None:
+            restart()
         part = slice_leaves(leaves, kinds, rows, start, stop)
         group_ctx, group_inputs = make_ctx(plan, part, stop - start, ctx.device, lifted, randomness)
         group_ctx.tiles = True

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._construct import from_list
 from .._errors import RaggedError, fail
 from .._ragged import Ragged
+from ._random import rng_state, set_rng_state
 from ._sizes import Sz, is_unbacked
 from ._steps import Plan, TSpec
 from ._trace import specs_of
@@ -111,8 +112,8 @@ def _rng(randomness: str) -> Iterator[Callable[[], None]]:
             yield lambda: None
         return
     if randomness == "same":
-        state = torch.random.get_rng_state()
-        yield lambda: torch.random.set_rng_state(state)
+        state = rng_state()
+        yield lambda: set_rng_state(state)
         return
     yield lambda: None
 

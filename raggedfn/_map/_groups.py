@@ -17,6 +17,7 @@ from ._cache import Variant
 from ._fallback import function_loop
 from ._interpret import Recorder, guard_mask, make_ctx, run
 from ._plans import Failure, _trace_plan
+from ._random import same_start
 from ._report import MapReport
 from ._signature import _columns
 from ._split import empty_samples, merge, take
@@ -161,7 +162,12 @@ def _split(
         )
     flat_parts: list[list[tuple[torch.Tensor, Any]]] = []
     out_spec = None
+    # randomness="same": every group (and the loop) starts from the state the first
+    # group starts from, so that all samples see one draw
+    restart = same_start(randomness, [plan for _, plan in groups])
     for sample_index, plan in groups:
+        if restart is not None:
+            restart()
         sub = [
             take(leaf, sample_index) if kind in ("ragged", "dense") else leaf
             for leaf, kind in zip(leaves, kinds, strict=True)
@@ -181,6 +187,8 @@ def _split(
             )
         flat_parts.append([(sample_index, leaf) for leaf in flat])
     if loop_index is not None:
+        if restart is not None:
+            restart()
         sub_args = pytree.tree_unflatten(
             [
                 take(leaf, loop_index) if kind in ("ragged", "dense") else leaf

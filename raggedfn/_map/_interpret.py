@@ -284,11 +284,18 @@ def run_step(
         if ctx.randomness == "same":
             return step.target(*args, **kwargs)  # one draw for every sample
         return _random_rule(ctx, step, args, kwargs)
-    if step.random and ctx.randomness == "same" and any(isinstance(a, RaggedB) for a in leaves):
-        raise fail(
-            "map",
-            f"randomness='same' cannot share one draw of {name} between samples of different "
-            "shapes; use randomness='different'",
+    if step.random and ctx.randomness == "same":
+        if any(isinstance(a, (RaggedB, SymB)) for a in leaves):
+            raise fail(
+                "map",
+                f"randomness='same' cannot share one draw of {name} between samples of "
+                "different shapes; use randomness='different'",
+            )
+        # fixed-shape per-sample values: torch.vmap draws once with the sample's shape
+        # (the op's own rule would draw per element); else the node's loop, which starts
+        # every sample from one generator state
+        return after_rule(
+            ctx, plan, step, args, kwargs, strict, recorder, "random", quiet, leaves, False
         )
     if not step.batched or not has_batched:
         if recorder is not None and name:
@@ -318,13 +325,15 @@ def after_rule(
     reason: str,
     quiet: bool = False,
     leaves: list[Any] | None = None,
+    own_rule: bool = True,
 ) -> Any:
     """The rest of :func:`run_step` once a batched step's own rule said ``Unsupported``
-    (``reason``), or where it has none: other candidates, else the per-sample loop."""
+    (``reason``), or where it has none: other candidates, else the per-sample loop.
+    ``own_rule=False``: the step's own rule is no candidate."""
     name = step.op
     if leaves is None:
         leaves = _leaves(args, kwargs)
-    candidates = [step.rule] if step.rule is not None and plan.pinned else []
+    candidates = [step.rule] if own_rule and step.rule is not None and plan.pinned else []
     if not any(isinstance(a, (RaggedB, SymB)) for a in leaves):
         candidates.append(_vmap_rule)  # fixed-shape samples: torch.vmap can batch the op
     for found in candidates:
