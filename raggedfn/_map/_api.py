@@ -29,6 +29,7 @@ from ._groups import (
     _split,
     _warn,
     _whole_loop,
+    refuse_unknown_empty,
 )
 from ._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx, run
 from ._plans import _new_variant
@@ -252,6 +253,8 @@ def _map(
             variant.structure,
         )
     _check_randomness(variant.plans, randomness)
+    if batch_size == 0:
+        refuse_unknown_empty(variant)
     device = _device_of(leaves, kinds)
     plan = variant.plans[0]
     if report is not None:

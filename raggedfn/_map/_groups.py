@@ -14,14 +14,15 @@ from .._errors import RaggedPerformanceWarning, fail
 from .._ragged import Ragged
 from . import _cache
 from ._cache import Variant
-from ._fallback import function_loop
+from ._fallback import function_loop, output_specs
 from ._interpret import Recorder, guard_mask, make_ctx, run
 from ._plans import Failure, _trace_plan
 from ._random import same_start
 from ._report import MapReport
 from ._signature import _columns
+from ._sizes import Sz
 from ._split import empty_samples, merge, take
-from ._steps import Plan
+from ._steps import Plan, TSpec
 from ._trace import _LOCK, is_ragged_leaf
 
 
@@ -40,6 +41,24 @@ def _check_randomness(plans: list[Plan], randomness: str) -> None:
         for step in plan.steps:
             if step.random:
                 raise fail("map", f"f calls the random op {step.op} and randomness='error'")
+
+
+def refuse_unknown_empty(variant: Variant) -> None:
+    """On a batch of no samples: raise where the output structure is unknown (``None``: a
+    guard fixed a ragged size in the first trace and the probe trace stopped early) and
+    some output has a fixed-size axis, which a sample's size may have fixed (``len(t)``
+    rows): no sample can tell, and the plan's fixed size is that of one example."""
+    if variant.structure is not None or not variant.plans:
+        return
+    for spec in output_specs(variant.plans[0]):
+        if isinstance(spec, TSpec) and any(not isinstance(s, Sz) for s in spec.shape):
+            raise fail(
+                "map",
+                "on a batch of no samples the output structure of f is unknown: its trace "
+                "fixed a ragged size (len(t), n == 5, ...) and the trace on small sizes that "
+                "would tell which output axes follow the sample sizes stopped early; call "
+                "it on a batch with samples",
+            )
 
 
 def _whole_loop(
