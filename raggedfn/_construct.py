@@ -7,6 +7,7 @@ Padded conversions live in ``_padded``, ``cu_seqlens``/``torch.nested`` in
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -299,7 +300,9 @@ def from_sizes(
         )
     if sizes.ndim != 2 or sizes.shape[1] < 1:
         raise fail(fn, f"sizes must be a [B, R] tensor with R >= 1, got {describe(sizes)}")
-    num_ragged = sizes.shape[1]
+    # R is static (the layout has R ragged axes): a symbolic R (make_fx's symbolic
+    # tracing, torch.compile(dynamic=True)) is specialized to its value
+    num_ragged = operator.index(sizes.shape[1])
     rank = num_ragged + values.ndim - 1
     if ragged_dims is None:
         ragged_dims = tuple(range(1, num_ragged + 1))
