@@ -82,8 +82,9 @@ def from_list(
     Args:
         tensors: ``B`` tensors of equal rank, one per sample; or ``B`` lists of
             tensors ``[L, *dense]`` (documents of sentences), or lists of such
-            lists (one more level each). A ``Ragged`` sample counts as the list of
-            its samples, so ``from_list(unbind(x))`` rebuilds ``x``.
+            lists (one more level each). A ``Ragged``, as a sample or at any level
+            inside one, counts as the list of its samples, so ``from_list(unbind(x))``
+            rebuilds ``x``.
         ragged_dims: logical axes of the batched result (batch = 0) that vary per
             sample; every other axis must agree across samples. For lists of
             tensors the list levels are logical axes ``1 .. D`` and the tensors'

@@ -109,10 +109,25 @@ def _leaf_depth(fn: str, item: Any, depth: int) -> int | None:
 
 
 def _as_lists(item: Any) -> Any:
-    """A ``Ragged`` sample as nested lists of tensors (its own samples)."""
+    """``item`` with every ``Ragged`` in it, at any list level, as nested lists of
+    tensors (its own samples)."""
     if isinstance(item, Ragged):
         return [_as_lists(item[i]) for i in range(item.batch_size)]
+    if isinstance(item, (list, tuple)):
+        return [_as_lists(child) for child in item]
     return item
+
+
+def _first_ragged(item: Any) -> Ragged | None:
+    """The first ``Ragged`` in ``item`` (a sample or a list of them, at any depth)."""
+    if isinstance(item, Ragged):
+        return item
+    if isinstance(item, (list, tuple)):
+        for child in item:
+            found = _first_ragged(child)
+            if found is not None:
+                return found
+    return None
 
 
 def _tensor_axes(fn: str, ragged_dims: Any, depth: int, rank: int) -> tuple[int, ...]:
@@ -144,10 +159,11 @@ def from_nested_list(
     """``from_list`` of lists (of lists ...) of tensors: nested ragged axes.
 
     Every sample is a list whose entries are tensors (or lists of them, one level
-    deeper); a ``Ragged`` counts as the list of its samples, and a list of only
-    ``Ragged`` samples stacks them as they are. ``ragged_dims`` names the list
-    levels and then the tensors' ragged axes (default: their leading axis);
-    ``rectangular_dims`` marks list levels rectangular with the level before.
+    deeper); a ``Ragged``, as a sample or at any level inside one, counts as the list
+    of its samples, and a list of only ``Ragged`` samples stacks them as they are.
+    ``ragged_dims`` names the list levels and then the tensors' ragged axes (default:
+    their leading axis); ``rectangular_dims`` marks list levels rectangular with the
+    level before.
     """
     fn = "from_list"
     if all(isinstance(s, Ragged) for s in samples):
@@ -158,11 +174,10 @@ def from_nested_list(
                 "rectangular_dims at their defaults",
             )
         return stack_samples(fn, samples)
-    template = next((s for s in samples if isinstance(s, Ragged)), None)
-    samples = [_as_lists(s) for s in samples]
+    template = _first_ragged(samples)
+    # (a Ragged gives the depth of its tensors even when it has no samples)
     depth = _leaf_depth(fn, samples, 0)
-    if depth is None and template is not None:  # Ragged samples without elements
-        depth = 1 + template.num_ragged
+    samples = [_as_lists(s) for s in samples]
     if depth is None:
         raise fail(
             fn,
