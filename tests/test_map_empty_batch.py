@@ -89,3 +89,11 @@ def test_empty_batch_as_the_first_call_is_refused_too():
         _map(_zeros_by_length_past_four_first_empty, x)
     got = _loop_agrees(_zeros_by_length_past_four_first_empty, [6, 7, 5])
     assert isinstance(got, raggedfn.Ragged)
+
+
+def test_with_samples_the_kind_of_such_a_trace_follows_the_sizes():
+    # the documented limit (docs/map.md): with the probe stopped, an output axis of a
+    # pinned trace is ragged when its size differs between samples; values are the loop's
+    assert isinstance(_loop_agrees(_zeros_by_length_past_four, [6, 7, 5]), raggedfn.Ragged)
+    same = _loop_agrees(_zeros_by_length_past_four, [5, 5])
+    assert isinstance(same, torch.Tensor) and same.shape == (2, 5)
