@@ -44,9 +44,10 @@ from ._reduce import (
     sum,
     var,
 )
+from ._reshape import flatten, reshape, unflatten
 from ._scan import cumsum
 from ._select import argsort, cat, gather, masked_select, narrow, pairs, sort, take_along_dim, topk
-from ._shape import contiguous, flatten, permute, reshape, squeeze, transpose, unflatten, unsqueeze
+from ._shape import contiguous, permute, squeeze, transpose, unsqueeze
 from ._softmax import log_softmax, softmax
 
 __all__ = [
