@@ -6,25 +6,9 @@ Each submodule defines ``__all__``; this package re-exports them all.
 from . import _operators  # noqa: F401  # binds Ragged's operators (+, @, <, ...)
 from ._attention import attention
 from ._broadcast import broadcast_tensors
+from ._compare import eq, ge, gt, le, lt, ne
 from ._compile import mark_dynamic
-from ._elementwise import (
-    abs,
-    add,
-    apply,
-    div,
-    eq,
-    floor_divide,
-    ge,
-    gt,
-    le,
-    lt,
-    mul,
-    ne,
-    neg,
-    pow,
-    sub,
-    where,
-)
+from ._elementwise import abs, add, apply, div, floor_divide, mul, neg, pow, sub, where
 from ._grouped import group_by, segment_matmul
 from ._matmul import matmul
 from ._nn import layer_norm, linear, rms_norm

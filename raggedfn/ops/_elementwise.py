@@ -1,4 +1,4 @@
-"""Elementwise ops on ``Ragged`` values: arithmetic, comparisons, ``where``, ``apply``.
+"""Elementwise ops on ``Ragged`` values: arithmetic, ``where``, ``apply``.
 
 Operands may be ``Ragged`` values, Python numbers, 0-d tensors or dense tensors
 that broadcast against the logical shape ``(B, ...)`` from the right: ``[D]``
@@ -10,6 +10,7 @@ offsets/sizes objects cost nothing; equal-valued ones are compared once
 runtime assertion). Different dim orders are fine: the second operand is
 permuted to the first one's storage. A size-1 axis against a ragged axis
 broadcasts and creates that ragged axis (see ``raggedfn.ops._broadcast``).
+Comparisons combine their operands the same way (``_compare``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import describe, fail, require_ordered, shape_text
+from .._errors import describe, fail, shape_text
 from .._layout import Axis, Layout
 from .._ragged import Ragged, like
 from ._broadcast import align, same_row_offsets
@@ -32,14 +33,8 @@ __all__ = [
     "add",
     "apply",
     "div",
-    "eq",
     "floor_divide",
-    "ge",
-    "gt",
-    "le",
-    "lt",
     "mul",
-    "ne",
     "neg",
     "pow",
     "sub",
@@ -69,15 +64,6 @@ def _binary(fn: str, op: Callable[[Any, Any], Any], x: Any, y: Any) -> Any:
         return like(x, op(x.values, y.values))
     (a, b), partition = align(fn, [x, y])
     return partition.build(op(a, b))
-
-
-def _ordered(fn: str, x: Any, y: Any) -> None:
-    """Order comparisons refuse complex operands (complex numbers have no order)."""
-    for op in (x, y):
-        if isinstance(op, (Ragged, Tensor)):
-            require_ordered(fn, op.dtype)
-        elif isinstance(op, complex):
-            raise fail(fn, f"expected a real operand (complex numbers have no order), got {op!r}")
 
 
 def _unary(fn: str, op: Callable[[Tensor], Tensor], x: Any) -> Any:
@@ -239,160 +225,6 @@ def floor_divide(x: Any, y: Any) -> Any:
         [3, -4]
     """
     return _binary("floor_divide", operator.floordiv, x, y)
-
-
-def eq(x: Any, y: Any) -> Any:
-    """``x == y`` elementwise, a bool ``Ragged``.
-
-    Args:
-        x: ``Ragged`` values, numbers or broadcastable tensors.
-        y: the other operand, like ``x``.
-
-    Returns:
-        bool ``Ragged`` with the broadcast logical shape.
-
-    Raises:
-        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
-            operands with different partitions (samples or sizes) or logical shapes; a
-            tensor that does not broadcast against the logical shape (only size 1 broadcasts
-            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
-            another device.
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) == 2).values.tolist()
-        [False, True]
-    """
-    return _binary("eq", operator.eq, x, y)
-
-
-def ne(x: Any, y: Any) -> Any:
-    """``x != y`` elementwise, a bool ``Ragged``.
-
-    Args:
-        x: ``Ragged`` values, numbers or broadcastable tensors.
-        y: the other operand, like ``x``.
-
-    Returns:
-        bool ``Ragged`` with the broadcast logical shape.
-
-    Raises:
-        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
-            operands with different partitions (samples or sizes) or logical shapes; a
-            tensor that does not broadcast against the logical shape (only size 1 broadcasts
-            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
-            another device.
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) != 2).values.tolist()
-        [True, False]
-    """
-    return _binary("ne", operator.ne, x, y)
-
-
-def lt(x: Any, y: Any) -> Any:
-    """``x < y`` elementwise, a bool ``Ragged``.
-
-    Args:
-        x: ``Ragged`` values, numbers or broadcastable tensors.
-        y: the other operand, like ``x``.
-
-    Returns:
-        bool ``Ragged`` with the broadcast logical shape.
-
-    Raises:
-        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
-            operands with different partitions (samples or sizes) or logical shapes; a
-            tensor that does not broadcast against the logical shape (only size 1 broadcasts
-            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
-            another device.
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) < 2).values.tolist()
-        [True, False]
-    """
-    _ordered("lt", x, y)
-    return _binary("lt", operator.lt, x, y)
-
-
-def le(x: Any, y: Any) -> Any:
-    """``x <= y`` elementwise, a bool ``Ragged``.
-
-    Args:
-        x: ``Ragged`` values, numbers or broadcastable tensors.
-        y: the other operand, like ``x``.
-
-    Returns:
-        bool ``Ragged`` with the broadcast logical shape.
-
-    Raises:
-        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
-            operands with different partitions (samples or sizes) or logical shapes; a
-            tensor that does not broadcast against the logical shape (only size 1 broadcasts
-            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
-            another device.
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) <= 1).values.tolist()
-        [True, False]
-    """
-    _ordered("le", x, y)
-    return _binary("le", operator.le, x, y)
-
-
-def gt(x: Any, y: Any) -> Any:
-    """``x > y`` elementwise, a bool ``Ragged``.
-
-    Args:
-        x: ``Ragged`` values, numbers or broadcastable tensors.
-        y: the other operand, like ``x``.
-
-    Returns:
-        bool ``Ragged`` with the broadcast logical shape.
-
-    Raises:
-        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
-            operands with different partitions (samples or sizes) or logical shapes; a
-            tensor that does not broadcast against the logical shape (only size 1 broadcasts
-            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
-            another device.
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) > 1).values.tolist()
-        [False, True]
-    """
-    _ordered("gt", x, y)
-    return _binary("gt", operator.gt, x, y)
-
-
-def ge(x: Any, y: Any) -> Any:
-    """``x >= y`` elementwise, a bool ``Ragged``.
-
-    Args:
-        x: ``Ragged`` values, numbers or broadcastable tensors.
-        y: the other operand, like ``x``.
-
-    Returns:
-        bool ``Ragged`` with the broadcast logical shape.
-
-    Raises:
-        RaggedError: neither operand is a ``Ragged`` value or a tensor; two ``Ragged``
-            operands with different partitions (samples or sizes) or logical shapes; a
-            tensor that does not broadcast against the logical shape (only size 1 broadcasts
-            along a ragged axis, and along the batch axis only ``B`` or 1); an operand on
-            another device.
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> (raggedfn.from_lengths(torch.tensor([1, 2]), [2]) >= 2).values.tolist()
-        [False, True]
-    """
-    _ordered("ge", x, y)
-    return _binary("ge", operator.ge, x, y)
 
 
 def neg(x: Any) -> Any:

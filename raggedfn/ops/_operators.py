@@ -24,6 +24,7 @@ from torch import Tensor
 
 from .._errors import fail
 from .._ragged import Ragged
+from . import _compare as cmp
 from . import _elementwise as ew
 from ._matmul import matmul, matmul_mismatch
 
@@ -52,12 +53,12 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "matmul": matmul,
 }
 _COMPARISONS: dict[str, Callable[[Any, Any], Any]] = {
-    "eq": ew.eq,
-    "ne": ew.ne,
-    "lt": ew.lt,
-    "le": ew.le,
-    "gt": ew.gt,
-    "ge": ew.ge,
+    "eq": cmp.eq,
+    "ne": cmp.ne,
+    "lt": cmp.lt,
+    "le": cmp.le,
+    "gt": cmp.gt,
+    "ge": cmp.ge,
 }
 
 for _name, _op in _BINARY.items():
@@ -84,14 +85,14 @@ _TENSOR_METHODS: tuple[tuple[Any, Callable[[Any, Any], Any], bool], ...] = (
     (_T.__rpow__, ew.pow, True),
     (_T.__floordiv__, ew.floor_divide, False),
     (_T.__rfloordiv__, ew.floor_divide, True),
-    (_T.eq, ew.eq, False),
-    (_T.__eq__, ew.eq, False),
-    (_T.ne, ew.ne, False),
-    (_T.__ne__, ew.ne, False),
-    (_T.lt, ew.lt, False),
-    (_T.le, ew.le, False),
-    (_T.gt, ew.gt, False),
-    (_T.ge, ew.ge, False),
+    (_T.eq, cmp.eq, False),
+    (_T.__eq__, cmp.eq, False),
+    (_T.ne, cmp.ne, False),
+    (_T.__ne__, cmp.ne, False),
+    (_T.lt, cmp.lt, False),
+    (_T.le, cmp.le, False),
+    (_T.gt, cmp.gt, False),
+    (_T.ge, cmp.ge, False),
 )
 
 
