@@ -9,6 +9,7 @@ from ._broadcast import broadcast_tensors
 from ._compare import eq, ge, gt, le, lt, ne
 from ._compile import mark_dynamic
 from ._elementwise import abs, add, apply, div, floor_divide, mul, neg, pow, sub, where
+from ._gather import gather, take_along_dim
 from ._grouped import group_by, segment_matmul
 from ._matmul import matmul
 from ._nn import layer_norm, linear, rms_norm
@@ -30,9 +31,10 @@ from ._reduce import (
 )
 from ._reshape import flatten, reshape, unflatten
 from ._scan import cumsum
-from ._select import argsort, cat, gather, masked_select, narrow, pairs, sort, take_along_dim, topk
+from ._select import cat, masked_select, narrow, pairs
 from ._shape import contiguous, permute, squeeze, transpose, unsqueeze
 from ._softmax import log_softmax, softmax
+from ._sort import argsort, sort, topk
 
 __all__ = [
     "einsum",

@@ -1,6 +1,7 @@
-"""Per-sample indexing: narrow, cat, gather, masked_select, sort, topk and pairs.
+"""Per-sample indexing: narrow, cat, masked_select and pairs.
 
-Every op here moves whole elements: it computes, for each element of the
+``gather``/``take_along_dim`` live in ``_gather``, ``sort``/``argsort``/``topk`` in
+``_sort``; they share this module's helpers. Every op here moves whole elements: it computes, for each element of the
 result, which packed element of the input it comes from, and gathers. The
 gathers are differentiable (their backward is an ``index_put``), so gradients
 of any order come from autograd. Results whose size depends on the data
@@ -16,26 +17,20 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._axes import innermost_nested, normalize_axis, refuse_nested, sample_axis, values_dim
-from .._errors import describe, fail, require_ordered, shape_text
+from .._axes import normalize_axis, refuse_nested, sample_axis, values_dim
+from .._errors import describe, fail, shape_text
 from .._index import coordinates, gather_ranges, lengths_of, offsets_of, segment_ids
 from .._layout import Axis, Layout
-from .._nested import level_offsets, level_partitions, parents, reduced_levels, row_positions
+from .._nested import level_offsets, level_partitions
 from .._ragged import Ragged, like
-from .._validate import is_tracing
 from ._broadcast import check_equal
 from ._pairs import pairs
 
 __all__ = [
-    "argsort",
     "cat",
-    "gather",
     "masked_select",
     "narrow",
     "pairs",
-    "sort",
-    "take_along_dim",
-    "topk",
 ]
 
 
@@ -244,152 +239,6 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
     return Ragged(values[bases.to(row.device)[source] + row], offsets, sizes, first.layout)
 
 
-def _check_bounds(fn: str, dim: int, idx: Tensor, limit: Tensor, segments: Tensor) -> None:
-    """Index values must lie in ``[0, limit)``: eagerly one host read naming the first bad
-    value; while tracing a device-side assertion (an out-of-range read must never happen)."""
-    bad = (idx < 0) | (idx >= limit)
-    if is_tracing(idx):
-        torch._assert_async(
-            ~bad.any(), f"{fn}: index values must lie in [0, size of axis {dim}) of each sample"
-        )
-        return
-    if idx.numel() and bool(bad.any()):
-        row = int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0, 0])
-        value = int(idx[row][bad[row]].reshape(-1)[0])
-        size = int(limit.reshape(limit.shape[0], -1)[row, 0])
-        raise fail(
-            fn,
-            f"expected index values in [0, {size}) along axis {dim} of sample "
-            f"{int(segments[row])}, got {value} (index values must lie in [0, size of axis {dim}) "
-            "of each sample)",
-        )
-
-
-def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Ragged:
-    x = _require(fn, "x", x)
-    index = _require(fn, "index", index)
-    refuse_nested(fn, x)
-    refuse_nested(fn, index)
-    axis = sample_axis(x, dim, fn)
-    if index.dtype != torch.int64:
-        raise fail(fn, f"index must be an int64 Ragged value, got dtype {index.dtype}")
-    if index.layout != x.layout or index.batch_size != x.batch_size:
-        raise fail(
-            fn,
-            f"index must have the layout and batch size of x (logical shape {shape_text(x.shape)}), got "
-            f"logical shape {shape_text(index.shape)}",
-        )
-    others = [j for j in range(x.num_ragged) if not (axis.ragged and j == axis.index)]
-    if others:
-        check_equal(
-            fn,
-            "sizes",
-            index.sizes[:, others],
-            x.sizes[:, others],
-            f"index must match x's ragged sizes except along axis {dim}",
-        )
-    x_dense = tuple(x.values.shape[1:])
-    i_dense = list(index.values.shape[1:])
-    for j, (si, sx) in enumerate(zip(i_dense, x_dense, strict=True)):
-        if not axis.ragged and j == axis.index:
-            continue
-        if broadcast and si == 1:
-            i_dense[j] = sx
-        elif si != sx if broadcast else si > sx:
-            raise fail(
-                fn,
-                f"index has size {si} along a dense axis where x has {sx} "
-                f"(x {shape_text(x.shape)}, index {shape_text(index.shape)})",
-            )
-    idx = index.values.expand(index.values.shape[0], *i_dense)
-    total = idx.shape[0]
-    segments, coords = coordinates(index.offsets, index.sizes, total)
-    if axis.ragged:
-        limit = x.sizes[segments, axis.index].view(-1, *[1] * len(i_dense))
-    else:
-        limit = torch.full_like(segments, x_dense[axis.index]).view(-1, *[1] * len(i_dense))
-    _check_bounds(fn, dim, idx, limit, segments)
-    view = (-1, *[1] * len(i_dense))
-    positions = []
-    for j, size in enumerate(i_dense):
-        shape = [1] * (1 + len(i_dense))
-        shape[1 + j] = size
-        positions.append(torch.arange(size, device=idx.device).view(shape))
-    if axis.ragged:
-        coords = list(coords)
-        coords = [c.view(view) for c in coords]
-        coords[axis.index] = idx
-        row = x.offsets[segments].view(view)
-        stride = torch.ones_like(segments).view(view)
-        for k in reversed(range(x.num_ragged)):
-            row = row + coords[k] * stride
-            stride = stride * x.sizes[segments, k].view(view)
-    else:
-        row = _rows(x, segments, coords).view(view)
-        positions[axis.index] = idx
-    flat = row
-    for j, size in enumerate(x_dense):
-        flat = flat * size + positions[j]
-    values = x.values.reshape(-1)[flat.reshape(-1)].reshape(total, *i_dense)
-    return Ragged(values, index.offsets, index.sizes, index.layout)
-
-
-def gather(x: Ragged, dim: int, index: Ragged) -> Ragged:
-    """``torch.gather(x_i, dim, index_i)`` for each sample.
-
-    Args:
-        x: ``Ragged`` value.
-        dim: logical axis to gather along (ragged or dense).
-        index: int64 ``Ragged`` with the layout of ``x``; its ragged sizes equal
-            those of ``x`` except along ``dim``, its dense sizes are at most
-            those of ``x``. Values lie in ``[0, size of dim)`` in each sample.
-
-    Returns:
-        ``Ragged`` with the partition of ``index``.
-
-    Raises:
-        RaggedError: ``x`` is not a ``Ragged`` value or ``index`` is not an int64 ``Ragged``
-            with the layout and batch size of ``x``; its ragged sizes differ from those of
-            ``x`` outside ``dim`` or a dense size exceeds that of ``x``; an index lies
-            outside ``[0, size of dim)`` of its sample; ``dim`` out of range.
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> x = raggedfn.from_list([torch.tensor([5.0, 6.0, 7.0]), torch.tensor([8.0])])
-        >>> i = raggedfn.from_list([torch.tensor([2, 0]), torch.tensor([0, 0, 0])])
-        >>> raggedfn.gather(x, 1, i).values.tolist()
-        [7.0, 5.0, 8.0, 8.0, 8.0]
-    """
-    return _gather("gather", x, dim, index, broadcast=False)
-
-
-def take_along_dim(x: Ragged, indices: Ragged, dim: int) -> Ragged:
-    """``torch.take_along_dim(x_i, indices_i, dim)`` for each sample.
-
-    Like :func:`gather` (note the argument order), except that a dense axis of
-    size 1 in ``indices`` broadcasts against ``x``; other dense sizes must be equal.
-
-    Args:
-        x: ``Ragged`` value.
-        indices: int64 ``Ragged`` with the layout of ``x``.
-        dim: logical axis to take along (ragged or dense).
-
-    Returns:
-        ``Ragged`` with the partition of ``indices``.
-
-    Raises:
-        RaggedError: as :func:`gather` (a dense axis of size 1 in ``indices`` broadcasts).
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> x = raggedfn.from_list([torch.tensor([5.0, 6.0]), torch.tensor([8.0, 9.0])])
-        >>> i = raggedfn.from_list([torch.tensor([1]), torch.tensor([0, 1])])
-        >>> raggedfn.take_along_dim(x, i, 1).values.tolist()
-        [6.0, 8.0, 9.0]
-    """
-    return _gather("take_along_dim", x, dim, indices, broadcast=True)
-
-
 def _ragged_first(layout: Layout) -> bool:
     return all(a == Axis(True, k) for k, a in enumerate(layout.axes[: layout.num_ragged]))
 
@@ -463,145 +312,6 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     counts = torch.zeros(x.batch_size, dtype=torch.int64, device=x.device)
     counts = counts.index_add(0, segments, bits.sum(1))
     return Ragged(values[bits], offsets_of(counts), counts.unsqueeze(1), Layout.standard(1, 0))
-
-
-def _sort(fn: str, x: Ragged, dim: int, descending: bool) -> tuple[Ragged, Ragged]:
-    x = _require(fn, "x", x)
-    require_ordered(fn, x.dtype)
-    axis = sample_axis(x, dim, fn)
-    if not axis.ragged:
-        values, indices = torch.sort(
-            x.values, dim=values_dim(axis), descending=descending, stable=True
-        )
-        return x.with_values(values), x.with_values(indices)
-    total = x.values.shape[0]
-    dense = x.values.shape[1:]
-    flat = x.values.reshape(total, math.prod(dense))
-    if x.row_offsets:
-        if axis.index == x.num_ragged - 1:  # a line: the rows of one element above
-            line = parents(x.sizes, x.row_offsets, total)[-1]
-        else:  # an outer axis: the rows at one aligned position of the levels below
-            line, _, _ = reduced_levels(x.sizes, x.row_offsets, total, (axis.index,), False)
-        along = row_positions(x.sizes, x.row_offsets, total, axis.index)
-    else:
-        segments, coords = coordinates(x.offsets, x.sizes, total)
-        stride = torch.ones_like(segments)
-        for k in range(x.num_ragged - 1, axis.index, -1):
-            stride = stride * x.sizes[segments, k]
-        along = coords[axis.index]
-        line = torch.arange(total, device=x.device) - along * stride  # first row of each line
-    _, by_value = torch.sort(flat.detach(), dim=0, descending=descending, stable=True)
-    _, by_line = torch.sort(line[by_value], dim=0, stable=True)
-    source = by_value.gather(0, by_line)  # rows grouped by line, sorted inside each
-    slots = torch.sort(line, stable=True).indices  # packed rows grouped by line, in order
-    inverse = torch.empty_like(slots)
-    inverse[slots] = torch.arange(total, device=x.device)
-    source = source.index_select(0, inverse)
-    values = flat.gather(0, source).reshape(total, *dense)
-    indices = along[source].reshape(total, *dense)
-    return x.with_values(values), x.with_values(indices)
-
-
-def sort(x: Ragged, dim: int = -1, descending: bool = False) -> tuple[Ragged, Ragged]:
-    """``torch.sort(x_i, dim, descending, stable=True)`` for each sample.
-
-    Args:
-        x: ``Ragged`` value (real dtype).
-        dim: logical axis, ragged or dense.
-        descending: sort largest first.
-
-    Returns:
-        ``(values, indices)``, both with the partition and layout of ``x``;
-        indices are positions along ``dim`` inside each sample (ties keep their
-        order; NaN sorts as the largest value, as in torch). Along an outer
-        nested axis every aligned line (the elements with one position on the
-        levels below) is sorted and indices are coordinates along ``dim``.
-
-    Raises:
-        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
-            range for the logical shape of ``x``, or is the batch axis; ``x`` is
-            complex (no order).
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0]), torch.tensor([0.0])])
-        >>> v, i = raggedfn.sort(x, 1)
-        >>> v.values.tolist(), i.values.tolist()
-        ([1.0, 2.0, 3.0, 0.0], [1, 2, 0, 0])
-    """
-    return _sort("sort", x, dim, descending)
-
-
-def argsort(x: Ragged, dim: int = -1, descending: bool = False) -> Ragged:
-    """The indices of :func:`sort` (stable).
-
-    Args:
-        x: ``Ragged`` value (real dtype).
-        dim: logical axis, ragged or dense.
-        descending: sort largest first.
-
-    Returns:
-        int64 ``Ragged`` with the partition and layout of ``x``: positions along ``dim``.
-
-    Raises:
-        RaggedError: ``x`` is not a ``Ragged`` value; ``dim`` is not an int or is out of
-            range for the logical shape of ``x``, or is the batch axis; ``x`` is
-            complex (no order).
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0])])
-        >>> raggedfn.argsort(x, 1, descending=True).values.tolist()
-        [0, 2, 1]
-    """
-    return _sort("argsort", x, dim, descending)[1]
-
-
-def topk(
-    x: Ragged, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
-) -> tuple[Ragged, Ragged]:
-    """The ``k`` largest (or smallest) elements of each sample along ``dim``.
-
-    Along a ragged axis ``k`` is clamped to each sample's size there, so the
-    result stays ragged with ``min(k, N_i)`` elements. The result is always
-    sorted (``sorted=False`` is accepted and gives the same order); ties keep
-    their original order.
-
-    Args:
-        x: ``Ragged`` value (real dtype).
-        k: number of elements (``>= 0``).
-        dim: logical axis, ragged or dense (a dense axis needs ``k <=`` its size).
-        largest: largest first (else smallest first).
-        sorted: accepted for torch compatibility.
-
-    Returns:
-        ``(values, indices)`` like ``torch.topk``.
-
-    Raises:
-        RaggedError: ``x`` is not a ``Ragged`` value; ``k`` is not an int ``>= 0``, or
-            exceeds a dense axis ``dim``; ``dim`` is not an int or is out of range for the
-            logical shape of ``x``; ``dim`` is an outer nested ragged axis.
-
-    Examples:
-        >>> import torch, raggedfn
-        >>> x = raggedfn.from_list([torch.tensor([3.0, 1.0, 2.0]), torch.tensor([5.0])])
-        >>> v, i = raggedfn.topk(x, 2, dim=1)
-        >>> v.values.tolist(), v.lengths.tolist()
-        ([3.0, 2.0, 5.0], [2, 1])
-    """
-    fn = "topk"
-    x = _require(fn, "x", x)
-    require_ordered(fn, x.dtype)
-    axis = sample_axis(x, dim, fn)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise fail(fn, f"k must be an int >= 0, got {describe(k)}")
-    if not axis.ragged and k > x.values.shape[values_dim(axis)]:
-        raise fail(
-            fn, f"k = {k} exceeds dense axis {dim} of size {x.values.shape[values_dim(axis)]}"
-        )
-    innermost_nested(fn, x, axis, dim)
-    values, indices = _sort(fn, x, dim, descending=largest)
-    return narrow(values, dim, 0, k), narrow(indices, dim, 0, k)
 
 
 def _cat_nested_batches(xs: Sequence[Ragged]) -> Ragged:
