@@ -25,21 +25,6 @@ def _fresh_cache() -> Any:
     _cache.clear()
 
 
-@pytest.fixture
-def took(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Per ``raggedfn.map`` call: whether the warm path answered it."""
-    seen: list[bool] = []
-    real = _warm.call
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
-        seen.append(out is not _warm.MISS)
-        return out
-
-    monkeypatch.setattr(_warm, "call", spy)
-    return seen
-
-
 def _both(f: Any, *args: Any, budget: int = 0) -> tuple[Any, Any]:
     """The general interpreter's and the prepared plan's answer on one warm context."""
     raggedfn.map(f, *args)

@@ -2,7 +2,7 @@
 shortcut forced and compared with the per-sample loop, and each one's way back to the
 general path (issue #18, per-call overhead; the prepared plans it runs:
 test_map_prepared.py). A call "took the warm path" when ``_warm.call`` returned a result
-rather than ``MISS``."""
+rather than ``MISS`` (the ``took`` fixture, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import raggedfn
 from property_tests.reference import assert_same, loop, samples
 from raggedfn import RaggedError, RaggedPerformanceWarning
-from raggedfn._map import _api, _cache, _warm
+from raggedfn._map import _api, _cache
 
 
 def tokens(lengths: tuple[int, ...], width: int = 3, seed: int = 0, dtype=torch.float64):
@@ -29,21 +29,6 @@ def _fresh_cache() -> Any:
     _cache.clear()  # a lambda of a parametrized test is one code object: one entry
     yield
     _cache.clear()
-
-
-@pytest.fixture
-def took(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Per ``raggedfn.map`` call: whether the warm path answered it."""
-    seen: list[bool] = []
-    real = _warm.call
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        out = real(*args, **kwargs)
-        seen.append(out is not _warm.MISS)
-        return out
-
-    monkeypatch.setattr(_warm, "call", spy)
-    return seen
 
 
 def test_a_warm_call_skips_the_lookup_and_equals_the_loop(took, monkeypatch):
