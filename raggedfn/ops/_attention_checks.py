@@ -1,7 +1,9 @@
 """Argument checks of ``attention``: shapes, partitions, bias and key padding.
 
-Every check runs eagerly on the real tensors, before any path is chosen (the
-sizes read here on the host also choose the path, see ``_attention``).
+:func:`check_arguments` runs eagerly before a path is chosen, and the sizes it
+reads on the host also choose the path (``_attention``); under compile the opaque
+node's eager body runs it with the real tensors, and the compiled entry
+(``_attention._compiled``) checks the structure alone with :func:`check_tokens`.
 """
 
 from __future__ import annotations
