@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import raggedfn
 from property_tests.reference import assert_same, loop
-from raggedfn._map import _cache
+from raggedfn._map import _cache, _signature, _warm
 from tests.test_map import D, tokens, weights
 
 
@@ -106,6 +106,44 @@ def test_the_cache_stays_bounded_and_counts_evictions():
     assert info.variants == _cache.MAX_VARIANTS
     assert info.evictions == 3
     assert info.traces == _cache.MAX_VARIANTS + 3
+
+
+def test_the_ragged_signature_memo_stays_bounded_and_its_dropped_entries_still_work(
+    monkeypatch,
+):
+    """A ragged leaf's signature entry is memoized by (layout, dtype, dense shape,
+    device) in a table emptied when full: it never holds more than its bound, and a
+    leaf whose entry was dropped gets the same signature again, so its plan is found
+    (no new trace) and the result still equals the loop."""
+    bound = 3
+    monkeypatch.setattr(_signature, "MAX_RAGGED_SIGNATURES", bound)
+    table: dict = {}
+    monkeypatch.setattr(_signature, "_RAGGED_SIGNATURES", table)
+    # every call through the general lookup (the warm path skips the signature)
+    monkeypatch.setattr(_warm, "call", lambda *args, **kwargs: _warm.MISS)
+
+    def f(t):
+        return t * t.shape[-1] + 1
+
+    xs = [tokens((2, 0, 3), dim=width, seed=width) for width in range(1, 8)]
+
+    def written_out(x):  # the entry, spelled out from the value
+        return ("R", ((True, 0), (False, 0)), str(x.dtype), (x.values.shape[-1],), "cpu")
+
+    for x in xs:  # seven keys through a table of three
+        assert _signature.signature([x], ["ragged"]) == (written_out(x),)
+        assert 1 <= len(table) <= bound
+        assert_same(raggedfn.map(f, x), loop(f, x))
+        assert len(table) <= bound
+    first = xs[0]
+    assert (first.layout.code, first.dtype, first.values.shape[1:], first.device) not in table
+    traces = raggedfn.map_cache_info(f).traces
+    assert traces == len(xs)
+    for x in xs:  # again: the dropped entries come back equal, every plan is found
+        assert _signature.signature([x], ["ragged"]) == (written_out(x),)
+        assert_same(raggedfn.map(f, x), loop(f, x))
+        assert len(table) <= bound
+    assert raggedfn.map_cache_info(f).traces == traces
 
 
 def test_a_tuple_argument_and_a_bare_one_do_not_share_a_plan():

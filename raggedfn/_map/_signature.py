@@ -39,7 +39,10 @@ def leaf_kinds(leaves: list[Any], mapped: list[bool]) -> list[str]:
 
 
 # the signature entry of a ragged leaf, by (layout code, dtype, dense shape, device): all
-# plain hashable values here (map traces eagerly; the compiled path does not come here)
+# plain hashable values here (map traces eagerly; the compiled path does not come here).
+# Bounded: emptied when full (an entry is re-derived at its next miss; clear() is one
+# step, safe beside concurrent calls, where dropping the oldest key would iterate)
+MAX_RAGGED_SIGNATURES = 256
 _RAGGED_SIGNATURES: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
@@ -57,6 +60,8 @@ def signature(leaves: list[Any], kinds: list[str]) -> tuple[Any, ...]:
                 dense = tuple(int(d) for d in v.shape[1:])
                 found = ("R", axes, str(v.dtype), dense, str(v.device))
                 if type(v) is Tensor:
+                    if len(_RAGGED_SIGNATURES) >= MAX_RAGGED_SIGNATURES:
+                        _RAGGED_SIGNATURES.clear()
                     _RAGGED_SIGNATURES[key] = found
             out.append(found)
         elif kind == "dense":
