@@ -236,7 +236,7 @@ class _Walker:
         t = deps.const(type(value))
         if type(value) in (bool, int, str) or (type(value) is float and math.isfinite(value)):
             # a literal: dynamo reads a number in a global as a graph input under
-            # dynamic=True (a float there restarts the analysis, see _compiled.static)
+            # dynamic=True (a float there restarts the analysis, see _dynamo_reads.static)
             k = repr(value)
         else:
             k = deps.const(value)
@@ -244,7 +244,7 @@ class _Walker:
             deps.require(f"type({var}) is {t} and _isnan({var})")
         else:
             if isinstance(value, float):
-                # compiled: a constant to dynamo, not a graph input (see _compiled.static)
+                # compiled: a constant to dynamo, not a graph input (see _dynamo_reads.static)
                 deps.lines.append(f"{_COMPILED}{var} = _static({var})")
             deps.require(f"type({var}) is {t} and {var} == {k}")
 

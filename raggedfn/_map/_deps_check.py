@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ._dynamo_reads import cell, global_of, static
+
 
 def compile_check(
     lines: list[str], num_roots: int, names: dict[str, Any], compiled: bool
@@ -30,8 +32,6 @@ def compile_check(
     )
     namespace = dict(names)
     if compiled:
-        from ._compiled import cell, global_of, static
-
         namespace.update(_cell=cell, _global=global_of, _static=static)
     exec(compile(source, "<raggedfn.map guards>", "exec"), namespace)
     return namespace["check"], source

@@ -21,7 +21,7 @@ from . import (  # noqa: F401
     _rules_slice,
 )
 from ._blocks import blocks, run_block
-from ._compiled import static
+from ._dynamo_reads import static
 from ._fallback import node_loop, to_output
 from ._sizes import Sz, Unsupported, product_key
 from ._steps import Plan, Ref, Step, refs

@@ -444,7 +444,7 @@ def group_norm_rule(
 ) -> Any:
     """``group_norm`` of one sample ``(N, C, *spatial)`` whose spatial axes are ragged."""
     # float defaults are None: under dynamic=True dynamo reads a float default as a
-    # graph input and restarts the frame analysis on it (see _compiled.static)
+    # graph input and restarts the frame analysis on it (see _dynamo_reads.static)
     eps = 1e-5 if eps is None else eps
     if is_batched(weight) or is_batched(bias) or not isinstance(x, RaggedB):
         raise Unsupported("a per-sample weight")
