@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 import raggedfn
 from benchmarks.harness import DISTRIBUTIONS
-from raggedfn._map import _api as map_api
 from raggedfn._map import _cache
+from raggedfn._map import _lookup as map_lookup
 
 D_MODEL, HEADS, FF = 256, 4, 1024
 
@@ -67,10 +67,10 @@ def lookup_cost(f: Any, x: raggedfn.Ragged, params: dict[str, torch.Tensor]) -> 
     """Median microseconds of a warm cache lookup of ``map`` and of the dependency
     check inside it (what f reads: module flags, numbers, the captured tensors)."""
     args = (x, params)
-    dims, leaves, treespec, kinds, _ = map_api._prepare("map", args, (0, None))
-    map_api._lookup(f, leaves, kinds, treespec, dims)
-    variant, _, _, _ = map_api._lookup(f, leaves, kinds, treespec, dims)
-    roots = [r for r, _ in map_api._roots(f, leaves, kinds)]
+    dims, leaves, treespec, kinds, _ = map_lookup._prepare("map", args, (0, None))
+    map_lookup._lookup(f, leaves, kinds, treespec, dims)
+    variant, _, _, _ = map_lookup._lookup(f, leaves, kinds, treespec, dims)
+    roots = [r for r, _ in map_lookup._roots(f, leaves, kinds)]
     lifted: list[Any] = [None] * len(variant.deps.lifted)
 
     def per_call(run: Callable[[], Any], count: int = 200) -> float:
@@ -82,7 +82,7 @@ def lookup_cost(f: Any, x: raggedfn.Ragged, params: dict[str, torch.Tensor]) -> 
             samples.append((time.perf_counter() - start) / count * 1e6)
         return statistics.median(samples)
 
-    lookup = per_call(lambda: map_api._lookup(f, leaves, kinds, treespec, dims))
+    lookup = per_call(lambda: map_lookup._lookup(f, leaves, kinds, treespec, dims))
     check = per_call(lambda: variant.deps.check(*roots, lifted))
     return lookup, check
 

@@ -19,7 +19,7 @@ import torch
 import raggedfn
 from property_tests.reference import assert_same, loop
 from raggedfn import RaggedError
-from raggedfn._map import _api, _fallback, _interpret, _rules_pointwise
+from raggedfn._map import _api, _fallback, _interpret, _lookup, _rules_pointwise
 from raggedfn._map._sizes import Sz
 from raggedfn._map._values import Ctx, RaggedB, Struct
 
@@ -150,7 +150,7 @@ def test_same_rows_memo_is_checked_against_each_operand():
 def test_flat_arguments_and_placeholders_equal_the_loop(args_dims, monkeypatch):
     """The flat-argument preparation and the remembered placeholders, warm, for each kind
     of leaf (ragged with one and two axes, dense mapped, shared tensor, shared Ragged)."""
-    flat = _count(monkeypatch, _api, "_prepare_flat")
+    flat = _count(monkeypatch, _lookup, "_prepare_flat")
     name, dims = args_dims
     x = tokens((3, 0, 2))
     gen = torch.Generator().manual_seed(3)
@@ -199,8 +199,8 @@ def test_flat_preparation_defers_errors_to_the_general_path():
         raggedfn.map(lambda t, u: t, x, torch.tensor(1.0))
     with pytest.raises(RaggedError, match="no argument is mapped"):
         raggedfn.map(lambda t: t, x, in_dims=None)
-    assert _api._prepare_flat("map", (x, torch.ones(2)), (0, 0)) is not None
-    assert _api._prepare_flat("map", (x, torch.ones(3)), (0, 0)) is None
+    assert _lookup._prepare_flat("map", (x, torch.ones(2)), (0, 0)) is not None
+    assert _lookup._prepare_flat("map", (x, torch.ones(3)), (0, 0)) is None
 
 
 def test_output_without_the_constructor_checks_still_refuses_a_malformed_result():

@@ -30,8 +30,13 @@ from .._errors import fail
 from .._layout import Layout
 from .._ragged import Ragged
 from . import _cache
+from ._deps import walk
 from ._dynamo_reads import made_inside
-from ._trace import _LOCK
+from ._interpret import make_ctx, run
+from ._lookup import _lookup, _prepare, _roots
+from ._signature import _columns
+from ._split import empty_samples
+from ._trace import _LOCK, is_ragged_leaf
 
 
 def _coarse(sig: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -128,9 +133,6 @@ def _trace_now(f: Any, structure: Any, dims: Any, layouts: Any, *flat: Any) -> A
 
 
 def _trace(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...]) -> Any:
-    from ._api import _lookup
-    from ._trace import is_ragged_leaf
-
     if structure is None:
         return None
     leaves: list[Any] = []
@@ -145,8 +147,6 @@ def _trace(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...
         leaves,
         torch.utils._pytree.tree_flatten(_rebuild(structure), is_leaf=is_ragged_leaf)[1],
     )
-    from ._api import _prepare
-
     dims, leaves, treespec, kinds, _ = _prepare("map", args, dims)
     # outside dynamo's tracing context: make_fx must use raggedfn's own fake mode and
     # shape environment, not the one of the graph being compiled
@@ -159,8 +159,6 @@ def _trace(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...
 
 
 def _failure(reason: str) -> str:
-    from ._deps import walk
-
     failed = _cache.Variant((), walk([]), failure=reason)
     _cache.REGISTRY[failed.vid] = failed
     return failed.vid
@@ -205,10 +203,6 @@ def compiled_map(
     batch_size: Any,
     randomness: str,
 ) -> Any:
-    from ._api import _columns, _roots
-    from ._interpret import make_ctx, run
-    from ._split import empty_samples
-
     loose = _loose(leaves, kinds, treespec, dims)
     roots = [r for r, _ in _roots(f, leaves, kinds)]
     chosen = None

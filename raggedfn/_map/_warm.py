@@ -1,6 +1,6 @@
 """The warm call of ``raggedfn.map``: recent hits of a function, found again cheaply.
 
-A cache lookup (:func:`_api._lookup`) builds the call's whole key (normalized
+A cache lookup (:func:`_lookup._lookup`) builds the call's whole key (normalized
 ``in_dims``, tree spec, input signature, size classes, process state) and compares it
 with each variant's. For the common warm call (the same function, arguments of the
 same kinds, dtypes, fixed sizes, layouts and devices as a recent hit) :func:`call`
