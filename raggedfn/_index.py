@@ -124,6 +124,37 @@ def _segments(offsets: Tensor, total: int) -> tuple[Tensor, Tensor]:
     return ids, starts
 
 
+# id(bounds) -> (weak ref to bounds, bounds._version, the bounds read on the host)
+_HOST_BOUNDS: dict[int, tuple[weakref.ref[Tensor], int, list[int]]] = {}
+
+
+def _forget_host(key: int) -> Callable[[weakref.ref[Tensor]], None]:
+    def forget(_: weakref.ref[Tensor]) -> None:
+        _HOST_BOUNDS.pop(key, None)
+
+    return forget
+
+
+def host_bounds(bounds: Tensor) -> list[int]:
+    """``bounds.tolist()``, read once per bounds tensor (one host sync per partition).
+
+    ``bounds`` as :func:`segment_bounds` gives them: that tensor is remembered with
+    the partition's offsets, so every op on one partition (and each backward) passes
+    the same tensor, and the host copy is remembered with it, eagerly, while the
+    tensor is alive and not modified in place. Under tracing, transforms or dispatch
+    modes every call reads afresh. Callers must not modify the list.
+    """
+    if not _plain_eager(bounds):
+        return bounds.tolist()
+    key = id(bounds)
+    hit = _HOST_BOUNDS.get(key)
+    if hit is not None and hit[0]() is bounds and hit[1] == bounds._version:
+        return hit[2]
+    host = bounds.tolist()
+    _HOST_BOUNDS[key] = (weakref.ref(bounds, _forget_host(key)), bounds._version, host)
+    return host
+
+
 def local_positions(offsets: Tensor, segments: Tensor, total: int) -> Tensor:
     """``[T]`` position of every packed row inside its sample."""
     # index_select: advanced indexing is several times slower for these lookups on CPU

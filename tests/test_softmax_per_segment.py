@@ -6,12 +6,14 @@ segment form. Each test forces the path (or its absence) and checks that it ran.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
 import torch
 
 import raggedfn
+from raggedfn import _index
 from raggedfn._prims import _softmax
 
 INF, NAN = float("inf"), float("nan")
@@ -150,3 +152,52 @@ def test_default_threshold_keeps_small_values_on_the_segment_form(monkeypatch):
     assert calls["forward"] == 2
     for got, expected in zip(raggedfn.unbind(out), _loop(large), strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_the_sample_bounds_are_read_on_the_host_once_per_partition(forced, monkeypatch):
+    reads: list[tuple[int, ...]] = []
+    tolist = torch.Tensor.tolist
+
+    def spy(self: torch.Tensor) -> Any:
+        reads.append(tuple(self.shape))
+        return tolist(self)
+
+    x = _value((5, 0, 3, 4), torch.float64)
+    other = _value((2, 6), torch.float64)
+    monkeypatch.setattr(torch.Tensor, "tolist", spy)
+    for step in range(3):  # forward and backward of three calls on one partition
+        values = (x.values * (step + 1)).requires_grad_()
+        out = raggedfn.softmax(x.with_values(values), 1)
+        (grad,) = torch.autograd.grad(out.values, values, torch.ones_like(values) + values)
+        monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+        loop_values = values.detach().clone().requires_grad_()
+        want = torch.cat([torch.softmax(p, 0) for p in loop_values.split([5, 0, 3, 4])])
+        (expected,) = torch.autograd.grad(want, loop_values, torch.ones_like(values) + values)
+        monkeypatch.setattr(torch.Tensor, "tolist", spy)
+        torch.testing.assert_close(out.values, want, rtol=0, atol=0)
+        torch.testing.assert_close(grad, expected, rtol=0, atol=0)
+    assert forced["forward"] == forced["backward"] == 3 * 3  # per sample, every call
+    assert reads == [(5,)]
+    out = raggedfn.softmax(other, 1)  # another partition: its own read
+    assert reads == [(5,), (3,)]
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    for got, expected in zip(raggedfn.unbind(out), _loop(other), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_the_host_bounds_are_forgotten_with_their_partition(forced):
+    x = _value((3, 2))
+    raggedfn.softmax(x, 1)
+    _, bounds = _index.segment_bounds(x.offsets, x.values.shape[0])
+    key = id(bounds)
+    assert _index._HOST_BOUNDS[key][2] == [0, 3, 5]
+    del x, bounds
+    gc.collect()
+    assert key not in _index._HOST_BOUNDS
+
+
+def test_bounds_modified_in_place_are_read_again():
+    bounds = torch.tensor([0, 2, 5])
+    assert _index.host_bounds(bounds) == [0, 2, 5]
+    bounds[1] = 3
+    assert _index.host_bounds(bounds) == [0, 3, 5]

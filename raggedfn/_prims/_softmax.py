@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._index import host_bounds
 from ._extrema import _reduce, identity
 from ._forward import call
 from ._segment import broadcast, segment_counts, segment_sum
@@ -84,7 +85,7 @@ def _per_segment(values: Tensor, num_segments: int, bounds: Tensor | None) -> li
         or values.numel() < PER_SEGMENT_MIN * max(num_segments, 1)
     ):
         return None
-    host = bounds.tolist()
+    host = host_bounds(bounds)  # remembered with the partition: one read per partition
     # every row in a segment (else the segment form, whose gather refuses the others)
     return host if host[0] == 0 and host[-1] == values.shape[0] else None
 
