@@ -9,10 +9,11 @@ Systems (same ``torch.nn.TransformerEncoderLayer`` parameters everywhere):
 - ``hand-written``: the layer written with raggedfn ops (``linear``, ``attention``,
   ``layer_norm``) on the packed batch.
 
-Usage: ``python -m benchmarks.map_bert [--quick] [--threads 1] [--repeats 5]``.
-Prints a markdown table (median ms; ratios are medians of per-round ratios, all
-systems running back to back in each round)
-and the trace time of ``map`` per signature.
+Usage: ``python -m benchmarks.map_bert [--quick] [--threads 1] [--repeats 5]
+[--no-compile] [--json PATH [--markdown PATH]]``. Prints a markdown table (median ms;
+ratios are medians of per-round ratios, every system once per round in an order
+rotated from round to round) and the trace time of ``map`` per signature; with
+``--json`` writes the record and its plot (``benchmarks/results/map/``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 import raggedfn
+from benchmarks import plots
+from benchmarks._standalone import cli, header
 from benchmarks.harness import DISTRIBUTIONS
 from raggedfn._map import _cache
 from raggedfn._map import _lookup as map_lookup
@@ -87,14 +90,7 @@ def lookup_cost(f: Any, x: raggedfn.Ragged, params: dict[str, torch.Tensor]) -> 
     return lookup, check
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="lengths / 4, fewer repeats")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--no-compile", action="store_true")
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     scale = 0.25 if args.quick else 1.0
     lengths = DISTRIBUTIONS["lognormal"].lengths(args.batch, scale)
@@ -136,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
 
         return run
 
-    def padded_loss(module: Callable[..., torch.Tensor]) -> Callable[[], torch.Tensor]:
+    def padded_loss(module: Callable[..., torch.Tensor] | None) -> Callable[[], torch.Tensor]:
         def loss() -> torch.Tensor:
             out = (
                 torch.func.functional_call(
@@ -178,9 +174,11 @@ def main(argv: list[str] | None = None) -> None:
             "fwd+bwd": fwd_bwd(padded_loss(lambda a, m: compiled(trainable, a, m))),
         }
 
-    # rounds: every system runs once per round, back to back, so a change of load on
-    # the shared machine hits all of them; ratios are medians of per-round ratios
-    times: dict[str, dict[str, list[float]]] = {n: {m: [] for m in systems[n]} for n in systems}
+    # rounds: every system runs once per round, in an order rotated from round to round
+    # and reversed every other round, so a change of load on the shared machine hits all
+    # of them; ratios are medians of per-round ratios
+    names = list(systems)
+    times: dict[str, dict[str, list[float]]] = {n: {m: [] for m in systems[n]} for n in names}
 
     def once(run: Callable[[], Any], mode: str) -> float:
         start = time.perf_counter()
@@ -193,42 +191,76 @@ def main(argv: list[str] | None = None) -> None:
 
     for mode in ("fwd", "fwd+bwd"):
         for _ in range(2):  # warm-up
-            for name in systems:
+            for name in names:
                 once(systems[name][mode], mode)
-        for _ in range(args.repeats):
-            for name in systems:
+        for r in range(args.repeats):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order[::-1] if r % 2 else order:
                 times[name][mode].append(once(systems[name][mode], mode))
 
     def ratio(name: str, ref: str, mode: str) -> float:
         pairs = zip(times[name][mode], times[ref][mode], strict=True)
         return statistics.median(a / b for a, b in pairs)
 
-    print(
-        f"B = {args.batch}, lengths lognormal mean {sum(lengths) / len(lengths):.0f} "
-        f"max {longest}, d_model {D_MODEL}, threads {args.threads}, "
-        f"occupancy {total / (len(lengths) * longest):.3f}"
-    )
     lookup_us, check_us = lookup_cost(bert, x, params)
-    print(
-        f"map: first call (trace + run) {first_call:.2f} s; "
-        f"trace of a second signature {second_trace:.2f} s; "
-        f"per warm call: cache lookup {lookup_us:.0f} us, of which the check of what f "
-        f"reads (guards + lifted tensors) {check_us:.0f} us\n"
-    )
-    print(
+    modes = ("fwd", "fwd+bwd")
+    return {
+        **header("map_bert", args),
+        "batch": args.batch,
+        "lengths": lengths,
+        "occupancy": total / (len(lengths) * longest),
+        "d_model": D_MODEL,
+        "heads": HEADS,
+        "feed_forward": FF,
+        "rounds": args.repeats,
+        "first_call_s": first_call,
+        "second_trace_s": second_trace,
+        "lookup_us": lookup_us,
+        "check_us": check_us,
+        "median_ms": {n: {m: statistics.median(times[n][m]) for m in modes} for n in names},
+        "over": {
+            ref: {n: {m: ratio(n, ref, m) for m in modes} for n in names}
+            for ref in ("hand-written", "padded")
+        },
+    }
+
+
+def markdown(record: dict[str, Any]) -> str:
+    lengths = record["lengths"]
+    lines = [
+        f"B = {record['batch']}, lengths lognormal mean {sum(lengths) / len(lengths):.0f} "
+        f"max {max(lengths)}, d_model {record['d_model']}, threads {record['threads']}, "
+        f"occupancy {record['occupancy']:.3f}, median of {record['rounds']} rounds",
+        "",
+        f"map: first call (trace + run) {record['first_call_s']:.2f} s; "
+        f"trace of a second signature {record['second_trace_s']:.2f} s; "
+        f"per warm call: cache lookup {record['lookup_us']:.0f} us, of which the check of "
+        f"what f reads (guards + lifted tensors) {record['check_us']:.0f} us",
+        "",
         "| system | fwd ms | fwd+bwd ms | fwd vs hand-written | fwd+bwd vs hand-written "
-        "| fwd vs padded eager | fwd+bwd vs padded eager |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name in systems:
-        t = times[name]
-        print(
-            f"| {name} | {statistics.median(t['fwd']):.1f} | {statistics.median(t['fwd+bwd']):.1f} "
-            f"| {ratio(name, 'hand-written', 'fwd'):.2f} "
-            f"| {ratio(name, 'hand-written', 'fwd+bwd'):.2f} "
-            f"| {ratio(name, 'padded', 'fwd'):.2f} | {ratio(name, 'padded', 'fwd+bwd'):.2f} |"
+        "| fwd vs padded eager | fwd+bwd vs padded eager |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    hand, padded = record["over"]["hand-written"], record["over"]["padded"]
+    for name, ms in record["median_ms"].items():
+        lines.append(
+            f"| {name} | {ms['fwd']:.1f} | {ms['fwd+bwd']:.1f} "
+            f"| {hand[name]['fwd']:.2f} | {hand[name]['fwd+bwd']:.2f} "
+            f"| {padded[name]['fwd']:.2f} | {padded[name]['fwd+bwd']:.2f} |"
         )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="lengths / 4")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--no-compile", action="store_true")
+    return cli(parser, run, markdown, argv, plot=plots.plot_map_bert)
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

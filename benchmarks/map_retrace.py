@@ -7,7 +7,9 @@ twice in one process, with the weights fixed and rebound, rounds alternating;
 reported: median ms per step, the ratio rebound / fixed, and how many times
 ``map`` traced the function.
 
-Usage: ``python -m benchmarks.map_retrace [--steps 600] [--threads 1]``.
+Usage: ``python -m benchmarks.map_retrace [--steps 600] [--bert-steps 60] [--rounds 10]
+[--threads 1] [--json PATH [--markdown PATH]]``; with ``--json`` writes the record and
+its plot (``benchmarks/results/map/``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 import torch
 
 import raggedfn
+from benchmarks import plots
+from benchmarks._standalone import cli, header
 from raggedfn._map import _cache
 
 
@@ -95,13 +99,15 @@ class EncoderLoop:
 
 def measure(make: Callable[[bool], Any], steps: int, rounds: int = 10) -> dict[str, float]:
     """Fixed and rebound loops alternate in rounds of ``steps / rounds`` steps (the
-    machine's load hits both); the ratio is the median of per-round ratios."""
+    machine's load hits both), which goes first alternating from round to round; the
+    ratio is the median of per-round ratios."""
     _cache.clear()
     loops = {"fixed": make(False), "rebound": make(True)}
     per_round = max(1, steps // rounds)
     times: dict[str, list[float]] = {"fixed": [], "rebound": []}
     for r in range(rounds + 1):
-        for name, loop in loops.items():
+        for name in ("rebound", "fixed") if r % 2 else ("fixed", "rebound"):
+            loop = loops[name]
             start = time.perf_counter()
             for _ in range(per_round):
                 loop.step()
@@ -119,30 +125,47 @@ def measure(make: Callable[[bool], Any], steps: int, rounds: int = 10) -> dict[s
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+# row name -> (loop, the option giving its steps)
+LOOPS: dict[str, tuple[Callable[[bool], Any], str]] = {
+    "tanh(t @ W), B 16 of 1-40 rows, d 64": (TanhLoop, "steps"),
+    "encoder layer d 64 (functional_call, torch.func.grad)": (EncoderLoop, "bert_steps"),
+}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(args.threads)
+    rows = {
+        name: measure(make, getattr(args, steps), args.rounds)
+        for name, (make, steps) in LOOPS.items()
+    }
+    return {**header("map_retrace", args), "rounds": args.rounds, "rows": rows}
+
+
+def markdown(record: dict[str, Any]) -> str:
+    lines = [
+        f"{record['threads']} thread(s), median of {record['rounds']} rounds of both loops",
+        "",
+        "| loop | steps each | fixed ms/step | rebound ms/step | rebound / fixed "
+        "| traces, both loops |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in record["rows"].items():
+        lines.append(
+            f"| {name} | {int(r['steps'])} | {r['fixed ms/step']:.2f} "
+            f"| {r['rebound ms/step']:.2f} | {r['ratio']:.2f} | {int(r['traces'])} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--bert-steps", type=int, default=60)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    rows = {
-        "tanh(t @ W), B 16 of 1-40 rows, d 64": measure(TanhLoop, args.steps),
-        "encoder layer d 64 (functional_call, torch.func.grad)": measure(
-            EncoderLoop, args.bert_steps
-        ),
-    }
-    print(
-        "| loop | steps each | fixed ms/step | rebound ms/step | rebound / fixed "
-        "| traces, both loops |"
-    )
-    print("|---|---|---|---|---|---|")
-    for name, r in rows.items():
-        print(
-            f"| {name} | {int(r['steps'])} | {r['fixed ms/step']:.2f} | {r['rebound ms/step']:.2f} "
-            f"| {r['ratio']:.2f} | {int(r['traces'])} |"
-        )
+    parser.add_argument("--rounds", type=int, default=10)
+    return cli(parser, run, markdown, argv, plot=plots.plot_map_retrace)
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

@@ -121,6 +121,41 @@ def plot_pair_state(record: dict[str, Any], path: Path) -> bool:
     )  # fmt: skip
 
 
+def plot_map_bert(record: dict[str, Any], path: Path) -> bool:
+    over = record["over"]["padded"]
+    groups = {
+        mode: {name: 1 / ratios[mode] for name, ratios in over.items() if name != "padded"}
+        for mode in ("fwd", "fwd+bwd")
+    }
+    return write_bars(
+        path, "map of a per-sample BERT layer: speedup over padded eager", groups, "speedup",
+        target=2.0, log=False,
+    )  # fmt: skip
+
+
+def plot_map_retrace(record: dict[str, Any], path: Path) -> bool:
+    groups = {
+        name.split(",")[0].split(" (")[0]: {"rebound / fixed": row["ratio"]}
+        for name, row in record["rows"].items()
+    }
+    return write_bars(
+        path, "Training loops rebinding their weights (lower is better)", groups,
+        "time per step, rebound / fixed", target=1.2, log=False,
+    )  # fmt: skip
+
+
+def plot_bert_full(record: dict[str, Any], path: Path) -> bool:
+    kind = "compiled" if record["compiled"] else "eager"
+    groups = {
+        scale: {"ideal": cell["ideal_speedup"], f"raggedfn {kind}": cell["speedup"]}
+        for scale, cell in record["scales"].items()
+    }
+    return write_bars(
+        path, f"BERT at the issue's lengths, {kind} fwd+bwd: speedup over padded", groups,
+        "speedup", target=3.39 if record["compiled"] else 2.74, log=False,
+    )  # fmt: skip
+
+
 def plot_distributed(record: dict[str, Any], path: Path) -> bool:
     from benchmarks import distributed
 
@@ -142,6 +177,9 @@ PLOTTERS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "overhead": plot_overhead,
     "pair_state": plot_pair_state,
     "distributed": plot_distributed,
+    "map_bert": plot_map_bert,
+    "map_retrace": plot_map_retrace,
+    "bert_full": plot_bert_full,
 }
 
 

@@ -63,3 +63,29 @@ def test_a_standalone_run_writes_its_plot_next_to_its_record(tmp_path: Path) -> 
     )
     assert json.loads(out.read_text())["modes"]
     assert out.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "field"),
+    [
+        ("map_bert", ["--quick", "--batch", "3", "--repeats", "1", "--no-compile"], "over"),
+        ("map_retrace", ["--steps", "4", "--bert-steps", "2", "--rounds", "2"], "rows"),
+        ("bert_full", ["--scale", "tiny", "--batch", "2", "--rounds", "1"], "scales"),
+    ],
+)
+def test_the_map_and_full_bert_scripts_write_a_record_and_its_plot(
+    tmp_path: Path, module: str, argv: list[str], field: str
+) -> None:
+    pytest.importorskip("matplotlib")
+    import importlib
+
+    script = importlib.import_module(f"benchmarks.{module}")
+    out = tmp_path / "results" / module / f"{module}-quick.json"
+    out.parent.mkdir(parents=True)
+    returned = script.main([*argv, "--json", str(out), "--markdown", str(tmp_path / "t.md")])
+    record = json.loads(out.read_text())
+    assert record == json.loads(json.dumps(returned)) and record[field]
+    assert record["command"].startswith(f"python -m benchmarks.{module} ")
+    assert plots.plotter_for(out, tmp_path / "results") is getattr(plots, f"plot_{module}")
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "t.md").read_text().count("\n|") >= 2  # the table
