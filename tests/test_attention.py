@@ -415,3 +415,41 @@ def test_dense_bias_gradient_with_key_padding_and_causal(bucketed):
     want = torch.autograd.grad(want_values, leaves, cotangent)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_per_sample_views_backward_records_views_only_around_each_call(monkeypatch):
+    """The views path joins its per-sample outputs through views (no select, whose
+    backward zero-fills a gradient per sample) and still equals SDPA per sample."""
+    taken = []
+    views = _attention._per_sample_views
+    monkeypatch.setattr(
+        _attention, "_per_sample_views", lambda *args: taken.append(1) or views(*args)
+    )
+    lengths = [3, 1, 4]
+    gen = torch.Generator().manual_seed(2)
+    qkv = torch.randn(sum(lengths), 3, 2, 4, generator=gen, dtype=torch.float64)
+    qkv.requires_grad_(True)
+    x = raggedfn.from_lengths(torch.zeros(sum(lengths), 8), torch.tensor(lengths))
+    q, k, v = (x.with_values(t) for t in qkv.unbind(1))
+    out = raggedfn.attention(q, k, v)
+    assert taken == [1]
+    seen, stack = set(), [out.values.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack.extend(n for n, _ in node.next_functions)
+    names = {type(n).__name__ for n in seen}
+    assert sum("ScaledDotProduct" in n for n in names) == 1
+    assert "SelectBackward0" not in names, names
+    weights = torch.randn(out.values.shape, generator=gen, dtype=torch.float64)
+    (got,) = torch.autograd.grad((out.values * weights).sum(), qkv)
+    parts = qkv.detach().clone().requires_grad_(True)
+    want = []
+    for piece in parts.split(lengths):
+        a, b, c = (t.transpose(0, 1)[None] for t in piece.unbind(1))  # [1, H, N, Dh]
+        want.append(F.scaled_dot_product_attention(a, b, c)[0].transpose(0, 1))
+    torch.testing.assert_close(out.values, torch.cat(want), rtol=0, atol=0)
+    (expected,) = torch.autograd.grad((torch.cat(want) * weights).sum(), parts)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
