@@ -22,8 +22,10 @@ from ._registry import rule
 from ._sizes import Sz, Unsupported
 from ._values import (
     Ctx,
+    DenseB,
     RaggedB,
     SymB,
+    align,
     axes_of,
     canonical_layout,
     canonicalize,
@@ -161,4 +163,68 @@ def sort_rule(ctx: Ctx, step: Any, x: Any, *args: Any, **kwargs: Any) -> Any:
     )
 
 
-__all__ = ["gather_rule", "slice_shared", "sort_rule"]
+def index_positions(ctx: Ctx, step: Any, x: Any, indices: Any) -> Any:
+    """``x[i0, i1, ...]`` with integer tensor indices (per-sample, shared, or both) over
+    the leading axes of a per-sample ``x``: every element of the broadcast index shape
+    reads ``x`` at those coordinates; ragged axes of ``x`` are indexed by each sample's
+    own positions (negative ones count from that sample's end). Hugging Face's mask
+    builders read ``ids[batch_idx, q_idx]`` this way."""
+    if not isinstance(x, RaggedB):
+        raise Unsupported("indexing a fixed-size or shared value with a per-sample index")
+    if any(i is None for i in indices):
+        raise Unsupported("indexing with slices between tensor indices")
+    if any(not isinstance(i, (Tensor, RaggedB, DenseB)) for i in indices):
+        raise Unsupported("indexing with a per-sample size")
+    if any(_dtype(i) in (torch.bool, torch.uint8) for i in indices):
+        raise Unsupported("indexing with a mask among several indices")
+    x = canonicalize(ctx, x)
+    x_axes = axes_of(x.layout)
+    m = len(indices)
+    if any(a.ragged for a in x_axes[m:]):
+        raise Unsupported("a ragged axis after the indexed axes")
+    shape = step.out.shape
+    nb = len(shape) - (len(x_axes) - m)
+    positions = tuple(p for p, s in enumerate(shape) if isinstance(s, Sz))
+    if any(p >= nb for p in positions):
+        raise Unsupported("a ragged result axis after the indexed axes")
+    layout_b = canonical_layout(nb, positions)
+    if positions:
+        sz = sz_in_storage_order(shape[:nb], layout_b)
+        struct = ctx.struct(sz)
+        segments = struct.segments()
+    else:
+        sz, struct = (), None
+        segments = torch.arange(ctx.batch_size, device=x.values.device)
+    aligned = [align(ctx, i, tuple(shape[:nb]), layout_b, struct) for i in indices]
+    extra = nb - len(positions)
+    segments = segments.reshape(-1, *([1] * extra))
+    segments, *aligned = torch.broadcast_tensors(segments, *aligned)
+    ragged: list[Any] = [None] * len(x.sz)
+    dense: list[Tensor] = []
+    for q, (a, i) in enumerate(zip(x_axes, aligned, strict=False)):
+        size = x.struct.sizes[:, a.index][segments] if a.ragged else x.values.shape[1 + a.index]
+        i = torch.where(i < 0, i + size, i)
+        _check_range(ctx, f"index along axis {q}", i, size, segments)
+        if a.ragged:
+            ragged[a.index] = i
+        else:
+            dense.append(i)
+    rows = struct_rows(x.struct, segments, ragged)
+    values = x.values[(rows, *dense)].to(step.out.dtype)
+    if struct is None:
+        return DenseB(values.reshape(ctx.batch_size, *shape))
+    layout = canonical_layout(len(shape), positions)
+    return RaggedB(values, layout, sz_in_storage_order(shape, layout), struct)
+
+
+def _dtype(i: Any) -> Any:
+    return (
+        i.values.dtype
+        if isinstance(i, RaggedB)
+        else i.data.dtype
+        if isinstance(i, DenseB)
+        else i.dtype
+    )
+
+
+__all__ = ["gather_rule", "index_positions", "slice_shared", "sort_rule"]

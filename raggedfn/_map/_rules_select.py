@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .. import _prims
 from ._registry import rule
+from ._rules_index import index_positions
 from ._sizes import Sz, Unsupported, product_key
 from ._values import Ctx, RaggedB, axes_of, canonical_layout, canonicalize, num_ragged_of
 
@@ -70,8 +71,11 @@ def _select(ctx: Ctx, step: Any, x: RaggedB, mask: RaggedB) -> Any:
 
 @rule(aten.index.Tensor)
 def index_rule(ctx: Ctx, step: Any, x: Any, indices: Any) -> Any:
-    """``x[mask]`` with a boolean per-sample mask over the leading axes."""
-    if not step.defines or not isinstance(x, RaggedB):
+    """``x[mask]`` with a boolean per-sample mask over the leading axes; integer tensor
+    indices read per-sample positions (``index_positions``)."""
+    if not step.defines:
+        return index_positions(ctx, step, x, indices)
+    if not isinstance(x, RaggedB):
         raise Unsupported("indexing with a tensor index")
     if len(indices) != 1 or not isinstance(indices[0], RaggedB):
         raise Unsupported("indexing with several tensor indices")

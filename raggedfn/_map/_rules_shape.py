@@ -291,10 +291,16 @@ def factory_rule(ctx: Ctx, step: Any, size: Any, *rest: Any, **kwargs: Any) -> A
 
 @rule(aten.new_zeros, aten.new_ones, aten.new_empty, aten.new_full)
 def new_factory_rule(ctx: Ctx, step: Any, x: Any, size: Any, *rest: Any, **kwargs: Any) -> Any:
-    _, layout, sz, struct, dense = _factory_values(ctx, step)
     if any(is_batched(v) for v in rest):
         raise Unsupported("a per-sample fill value")
     like = x.values if isinstance(x, RaggedB) else x.data if isinstance(x, DenseB) else x
+    if not isinstance(like, Tensor):
+        raise Unsupported("a factory from a per-sample size")
+    if not ragged_positions(step.out.shape) and not any(is_batched(s) for s in size):
+        # a fixed shape read only from x's dtype and device: the same tensor for every
+        # sample (Hugging Face's mask builders start from ``x.new_ones(())``)
+        return step.target(like, size, *rest, **kwargs)
+    _, layout, sz, struct, dense = _factory_values(ctx, step)
     values = step.target(like, [struct.total, *dense], *rest, **kwargs)
     return RaggedB(values, layout, sz, struct)
 

@@ -19,6 +19,7 @@ from ._values import (
     DenseB,
     RaggedB,
     SymB,
+    align,
     axes_of,
     canonical_layout,
     canonicalize,
@@ -206,6 +207,133 @@ def narrow_rule(ctx: Ctx, step: Any, x: Any, dim: int, start: Any, length: Any) 
         return begin + out_coord
 
     return _take(ctx, x, dim, step.out.shape, index_of)
+
+
+# ----- diff ---------------------------------------------------------------------------
+
+
+@rule(aten.diff)
+def diff_rule(
+    ctx: Ctx, step: Any, x: Any, n: int = 1, dim: int = -1, prepend: Any = None, append: Any = None
+) -> Any:
+    """``torch.diff`` per sample. Along a dense axis: the packed values' own diff. Along
+    a ragged axis: each output element is the ``n``-th difference of its window of
+    ``n + 1`` consecutive elements of the sample's ``cat([prepend, x, append])``
+    (``torch.diff`` on the gathered windows: the loop's arithmetic, bool as xor), so no
+    difference crosses a sample boundary; a sample's output has ``max(0, L - n)`` rows."""
+    if not isinstance(x, RaggedB):
+        raise Unsupported("diff of a fixed-size or per-sample value")
+    x = canonicalize(ctx, x)
+    dim = dim % len(axes_of(x.layout))
+    axis = axes_of(x.layout)[dim]
+    if not axis.ragged:
+        sides = [None if t is None else _dense_side(ctx, x, t) for t in (prepend, append)]
+        values = torch.diff(x.values, n, 1 + axis.index, prepend=sides[0], append=sides[1])
+        return RaggedB(values.to(step.out.dtype), x.layout, x.sz, x.struct)
+    out_size = step.out.shape[dim]
+    k = axis.index
+    if isinstance(out_size, Sz):
+        sz = tuple(out_size if j == k else s for j, s in enumerate(x.sz))
+        struct = ctx.struct(sz)
+        segments = struct.segments()
+        coords = list(struct.coords())
+    elif num_ragged_of(x.layout) == 1:
+        # a size fixed by a guard (a plan for empty samples): every sample has the
+        # same number of rows, a dense axis of the result
+        segments = torch.arange(ctx.batch_size, device=ctx.device).repeat_interleave(out_size)
+        coords = [torch.arange(out_size, device=ctx.device).repeat(ctx.batch_size)]
+    else:
+        raise Unsupported("diff along a ragged axis to a size fixed by a guard")
+    pieces = [_piece(ctx, x, dim, t) for t in (prepend, x, append) if t is not None]
+    base = 0
+    for piece in pieces:
+        piece["base"] = base
+        base = base + piece["values"].shape[0]
+    windows = []
+    for j in range(n + 1):
+        at = coords[k] + j
+        # the piece holding position ``at``: the last one starting at or before it
+        # (``at`` < the sample's total length, so a piece of length 0 is never chosen)
+        rows: Any = None
+        start = torch.zeros_like(at)
+        for piece in pieces:
+            local = piece["rows"](segments, coords, k, at - start) + piece["base"]
+            rows = local if rows is None else torch.where(at >= start, local, rows)
+            start = start + piece["length"](segments)
+        windows.append(rows)
+    source = torch.cat([p["values"] for p in pieces])
+    gathered = source[torch.stack(windows, 1)]  # [T_out, n + 1, *dense]
+    values = torch.diff(gathered, n, 1).squeeze(1).to(step.out.dtype)
+    if not isinstance(out_size, Sz):
+        values = values.reshape(ctx.batch_size, out_size, *values.shape[1:])
+        return DenseB(values.movedim(1, 1 + dim))
+    return RaggedB(values, x.layout, sz, struct)
+
+
+def _dense_side(ctx: Ctx, x: RaggedB, side: Any) -> Tensor:
+    """``prepend``/``append`` of a diff along a dense axis, laid out like ``x.values``."""
+    if not isinstance(side, RaggedB):
+        raise Unsupported("diff with a fixed-size prepend or append along a dense axis")
+    return align(ctx, side, side.shape(), x.layout, x.struct)
+
+
+def _piece(ctx: Ctx, x: RaggedB, dim: int, t: Any) -> dict[str, Any]:
+    """One of ``prepend, x, append`` along ragged axis ``dim`` of canonical ``x``: its
+    packed rows (``values``), its length per sample, and the row of the element at
+    output coordinates ``coords`` with coordinate ``at`` along that axis."""
+    k = axes_of(x.layout)[dim].index
+    if isinstance(t, RaggedB):
+        t = canonicalize(ctx, t)
+        along = axes_of(t.layout)[dim]
+        if along.ragged:
+            same = axes_of(t.layout) == axes_of(x.layout) and all(
+                j == k or a.key == b.key for j, (a, b) in enumerate(zip(t.sz, x.sz, strict=True))
+            )
+        else:  # a fixed number of rows along the axis (t[:1] where a guard says n >= 1)
+            others = [s for j, s in enumerate(x.sz) if j != k]
+            same = len(others) == len(t.sz) and all(
+                a.key == b.key for a, b in zip(t.sz, others, strict=True)
+            )
+        if not same:
+            raise Unsupported("diff with a prepend or append of other ragged sizes")
+        struct = t.struct
+        if along.ragged:
+
+            def rows(segments: Tensor, coords: list[Tensor], k: int, at: Tensor) -> Tensor:
+                coords = [at if j == k else c for j, c in enumerate(coords)]
+                return struct_rows(struct, segments, coords)
+
+            return {"values": t.values, "length": lambda s: struct.sizes[:, k][s], "rows": rows}
+        count = t.values.shape[1 + along.index]
+        values = t.values.movedim(1 + along.index, 1)
+
+        def fixed_along(segments: Tensor, coords: list[Tensor], k: int, at: Tensor) -> Tensor:
+            rest = [c for j, c in enumerate(coords) if j != k]
+            return struct_rows(struct, segments, rest) * count + at
+
+        return {
+            "values": values.reshape(values.shape[0] * count, *values.shape[2:]),
+            "length": lambda s: torch.full_like(s, count),
+            "rows": fixed_along,
+        }
+    if num_ragged_of(x.layout) != 1:
+        raise Unsupported("diff with a fixed-size prepend or append and several ragged axes")
+    if isinstance(t, DenseB):
+        data, shared = t.data.movedim(1 + dim, 1), False
+    elif isinstance(t, Tensor):
+        data, shared = t.movedim(dim, 0)[None], True
+    else:
+        raise Unsupported("diff with a per-sample size")
+    count = data.shape[1]
+
+    def fixed_rows(segments: Tensor, coords: list[Tensor], k: int, at: Tensor) -> Tensor:
+        return at if shared else segments * count + at
+
+    return {
+        "values": data.reshape(data.shape[0] * count, *data.shape[2:]),
+        "length": lambda s: torch.full_like(s, count),
+        "rows": fixed_rows,
+    }
 
 
 # ----- cat / stack -------------------------------------------------------------------

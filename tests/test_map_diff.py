@@ -1,0 +1,161 @@
+"""Batching rules for the ops of transformers' packed-sequence check (5.25's
+``find_packed_sequence_indices`` and the mask built from it): ``torch.diff`` along
+ragged and dense axes, integer tensor indexing with per-sample positions, and
+``new_ones`` of a fixed shape. Each is compared with the per-sample loop on random
+lengths (0 and 1 included), in values and float64 gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import raggedfn
+from property_tests.reference import assert_same, loop
+from raggedfn import RaggedError
+from tests.test_map import D, pairs, tokens, weights
+
+SHARED = weights(2, D, seed=30)
+LENGTHS = st.lists(st.integers(0, 6), min_size=1, max_size=4)
+
+
+def _hf_segments(t):
+    """transformers 5.25's packed-sequence ids of one sample's positions."""
+    pos = (t[:, 0] > 0).long().cumsum(0)[None]  # positions with repeats (restarts)
+    return (torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1).cumsum(-1)
+
+
+def _hf_mask(t):
+    """transformers 5.25's sdpa mask of one sample: same segment, read by index."""
+    seg = _hf_segments(t)
+    b = torch.arange(1)[:, None, None, None]
+    q = torch.arange(t.shape[0])[None, None, :, None]
+    kv = torch.arange(t.shape[0])[None, None, None, :]
+    return t.new_ones((), dtype=torch.bool) & (seg[b, q] == seg[b, kv])
+
+
+DIFFS = [
+    lambda t: torch.diff(t, dim=0),  # along the ragged axis
+    lambda t: torch.diff(t, n=2, dim=0),
+    lambda t: torch.diff(t, n=3, dim=0).sum(0),
+    lambda t: torch.diff(t, dim=0, prepend=t[:1] - 1),  # transformers' call
+    lambda t: torch.diff(t, dim=0, append=SHARED),  # a shared append
+    lambda t: torch.diff(t, n=2, dim=0, prepend=t[-2:], append=t[:1] * 2),
+    lambda t: torch.diff(t.T, dim=1, prepend=SHARED.T),  # ragged axis stored first, last logically
+    lambda t: torch.diff(t, dim=1),  # along a dense axis
+    lambda t: torch.diff(t, dim=-1, prepend=t[:, :2], append=t[:, 1:3]),
+    lambda t: torch.diff(t > 0, dim=0),  # bool: xor
+    lambda t: torch.diff((t * 3).long(), n=2, dim=0),
+    _hf_segments,
+]
+
+
+@settings(max_examples=12, deadline=None)
+@given(lengths=LENGTHS, which=st.integers(0, len(DIFFS) - 1))
+def test_diff_equals_the_loop(lengths, which):
+    f = DIFFS[which]
+    x = tokens(lengths)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert not report.fallback, str(report)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+@pytest.mark.parametrize("lengths", [(3, 0, 1, 4), (2, 5, 1)])
+def test_diff_of_a_pair_state_equals_the_loop(dim, lengths):
+    x = pairs(lengths)
+    if 0 in lengths:
+        f = lambda p: torch.diff(p, dim=dim)  # noqa: E731
+    else:
+        f = lambda p: torch.diff(p, dim=dim, prepend=p.narrow(dim, 0, 1) * 0.5)  # noqa: E731
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    # a pair state's empty samples get a plan of their own whose sizes are fixed by a
+    # guard; there diff runs per sample (nothing to compute)
+    assert set(report.fallback) <= ({"aten.diff.default"} if 0 in lengths else set()), str(report)
+    assert report.batched.get("aten.diff.default"), str(report)
+
+
+def _loss(out):
+    values = out.values if isinstance(out, raggedfn.Ragged) else out
+    return values.pow(2).sum() + values.sum()
+
+
+@pytest.mark.parametrize("which", [0, 1, 2, 3, 4, 5, 6, 7, 8])
+def test_diff_gradients_equal_the_loop(which):
+    f = DIFFS[which]
+    x = tokens((4, 0, 1, 2, 5))
+    values = x.values.clone().requires_grad_()
+    xv = x.with_values(values)
+    got = torch.autograd.grad(_loss(raggedfn.map(f, xv)), values)[0]
+    want = torch.autograd.grad(sum(_loss(o) for o in loop(f, xv)), values)[0]
+    torch.testing.assert_close(got, want)
+
+
+def test_diff_gradcheck_along_the_ragged_axis():
+    x = tokens((3, 1, 0, 4), dim=2)
+    f = lambda t: torch.diff(t, n=2, dim=0, prepend=t[:1] - 1)  # noqa: E731
+
+    def g(values):
+        return raggedfn.map(f, x.with_values(values)).values
+
+    values = x.values.clone().requires_grad_()
+    assert torch.autograd.gradcheck(g, (values,))
+    assert torch.autograd.gradgradcheck(g, (values,))
+
+
+INDEXES = [
+    lambda t: t[t.shape[0] - 1 - torch.arange(t.shape[0])],  # reversed rows
+    lambda t: t[-1 - torch.arange(t.shape[0])],  # negative positions
+    lambda t: t[torch.arange(t.shape[0]), torch.arange(t.shape[0]) % D],  # ragged and dense
+    lambda t: t[torch.arange(t.shape[0])[:, None] % 2, torch.tensor([[1, 0, 3]])],
+    lambda t: t[:, 0][None][torch.zeros(1, 1, dtype=torch.long), torch.arange(t.shape[0])[None]],
+    _hf_mask,
+    lambda t: t.new_ones((3,)) * t[:, :3],  # a fixed-shape factory: shared
+    lambda t: t.new_full((2, 1), 0.5) + t.sum(0),
+]
+
+
+@settings(max_examples=12, deadline=None)
+@given(lengths=LENGTHS, which=st.integers(0, len(INDEXES) - 1))
+def test_integer_index_and_fixed_factories_equal_the_loop(lengths, which):
+    f = INDEXES[which]
+    x = tokens(lengths)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert not report.fallback, str(report)
+
+
+def test_a_shared_index_into_the_ragged_axis_gives_a_fixed_shape():
+    f = lambda t: t[torch.tensor([0, -1, 1])]  # noqa: E731
+    x = tokens((2, 5, 3))
+    report = raggedfn.map_report(f, x)
+    assert isinstance(report.output, torch.Tensor) and report.output.shape == (3, 3, D)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_an_index_past_a_sample_end_raises_naming_the_sample():
+    with pytest.raises(RaggedError, match="sample 1 asks for position 2 of 2"):
+        raggedfn.map(lambda t: t[torch.tensor([0, 2])], tokens((3, 2, 4)))
+
+
+def test_index_gradients_equal_the_loop():
+    x = tokens((4, 0, 1, 3))
+    values = x.values.clone().requires_grad_()
+    xv = x.with_values(values)
+    f = INDEXES[3]
+    got = torch.autograd.grad(_loss(raggedfn.map(f, xv)), values)[0]
+    want = torch.autograd.grad(sum(_loss(o) for o in loop(f, xv)), values)[0]
+    torch.testing.assert_close(got, want)
+
+
+def test_a_write_into_a_fixed_shape_factory_stays_per_sample():
+    def f(t):
+        z = t.new_zeros(D)
+        z.add_(t.sum(0))
+        return z
+
+    x = tokens((3, 0, 2))
+    assert_same(raggedfn.map(f, x), loop(f, x))
