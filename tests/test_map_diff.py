@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,15 +21,17 @@ SHARED = weights(2, D, seed=30)
 LENGTHS = st.lists(st.integers(0, 6), min_size=1, max_size=4)
 
 
-def _hf_segments(t):
-    """transformers 5.25's packed-sequence ids of one sample's positions."""
-    pos = (t[:, 0] > 0).long().cumsum(0)[None]  # positions with repeats (restarts)
+def _hf_segments(t, consecutive=False):
+    """transformers 5.25's packed-sequence ids of one sample's positions (with repeats,
+    i.e. restarts, from the data; or 0, 1, 2, ...)."""
+    pos = torch.arange(t.shape[0]) if consecutive else (t[:, 0] > 0).long().cumsum(0)
+    pos = pos[None]
     return (torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1).cumsum(-1)
 
 
-def _hf_mask(t):
+def _hf_mask(t, consecutive=False):
     """transformers 5.25's sdpa mask of one sample: same segment, read by index."""
-    seg = _hf_segments(t)
+    seg = _hf_segments(t, consecutive)
     b = torch.arange(1)[:, None, None, None]
     q = torch.arange(t.shape[0])[None, None, :, None]
     kv = torch.arange(t.shape[0])[None, None, None, :]
@@ -159,3 +162,36 @@ def test_a_write_into_a_fixed_shape_factory_stays_per_sample():
 
     x = tokens((3, 0, 2))
     assert_same(raggedfn.map(f, x), loop(f, x))
+
+
+def _attention(consecutive):
+    def f(t):
+        q = t.reshape(t.shape[0], 2, D // 2).transpose(0, 1)[None]  # [1, H, N, Dh]
+        return F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=_hf_mask(t, consecutive))[0]
+
+    return f
+
+
+@pytest.mark.parametrize("consecutive", [True, False])
+def test_attention_with_transformers_packed_mask_equals_the_loop(monkeypatch, consecutive):
+    # consecutive positions: the mask is True everywhere (transformers' eager code drops
+    # it) and map runs the length-bucketed kernels; positions that restart inside a
+    # sample: the (query, key) pair formulation with the mask
+    from raggedfn._map import _rules_linalg
+
+    calls = []
+    real = _rules_linalg._via_attention
+    monkeypatch.setattr(_rules_linalg, "_via_attention", lambda *a: calls.append(1) or real(*a))
+    f = _attention(consecutive)
+    x = tokens((4, 1, 0, 6, 3), seed=3)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert not report.fallback, str(report)
+    assert bool(calls) == consecutive
+    values = x.values.clone().requires_grad_()
+    xv = x.with_values(values)
+    got = torch.autograd.grad(_loss(raggedfn.map(f, xv)), values)[0]
+    want = torch.autograd.grad(sum(_loss(o) for o in loop(f, xv)), values)[0]
+    torch.testing.assert_close(got, want)
+    grad = torch.func.grad(lambda v: _loss(raggedfn.map(f, x.with_values(v))))(x.values)
+    torch.testing.assert_close(grad, want)

@@ -291,6 +291,29 @@ def addmm_rule(
     return RaggedB(values.to(step.out.dtype), x.layout, x.sz, x.struct)
 
 
+def _masks_nothing(mask: Any) -> bool:
+    """A boolean mask that is True everywhere (eagerly, one host read): attention without
+    it is the same computation. transformers 5.25 builds one for every sequence given
+    ``position_ids`` (its packed-sequence mask, which its eager code drops when no
+    sequence restarts but keeps while traced); without it the call takes the
+    length-bucketed kernels instead of the (query, key) pair formulation."""
+    if torch.compiler.is_compiling():
+        return False
+    t = (
+        mask.values
+        if isinstance(mask, RaggedB)
+        else mask.data
+        if isinstance(mask, DenseB)
+        else mask
+    )
+    if not isinstance(t, Tensor) or t.dtype != torch.bool:
+        return False
+    try:
+        return bool(t.all())
+    except RuntimeError:  # a torch.vmap around map: its batched mask has no host value
+        return False
+
+
 @rule(aten.scaled_dot_product_attention)
 def sdpa_rule(
     ctx: Ctx,
@@ -324,6 +347,8 @@ def sdpa_rule(
     if not all(isinstance(t, RaggedB) for t in (q, k, v)):
         raise Unsupported("attention with fixed-size operands")
     q, k, v = (canonicalize(ctx, t) for t in (q, k, v))
+    if attn_mask is not None and _masks_nothing(attn_mask):
+        attn_mask = None
     if USE_RAGGED_ATTENTION and attn_mask is None and not compiled_transform():
         return _via_attention(q, k, v, is_causal, scale, step, len(shape_q))
     pairs = ctx.struct((lq, lk))
