@@ -24,11 +24,12 @@ Systems, each checked against ``padded`` before timing:
   backward. The first call's seconds (dynamo + AOTAutograd + inductor, forward
   and backward) are recorded as ``compile_seconds``.
 - HF's padding-free path (``DataCollatorWithFlattening`` + packed ``position_ids``)
-  is checked but not timed when it is wrong: in this transformers version only
-  ``create_causal_mask`` (decoders) reads packed ``position_ids``; BERT's
-  bidirectional mask ignores them, so with SDPA on a CPU the packed sequences
-  attend to each other (the flash-attention path that uses ``cu_seq_lens`` needs
-  CUDA).
+  is checked but not timed: up to transformers 5.24 only ``create_causal_mask``
+  (decoders) reads packed ``position_ids``; BERT's bidirectional mask ignores them,
+  so with SDPA on a CPU the packed sequences attend to each other (the
+  flash-attention path that uses ``cu_seq_lens`` needs CUDA). Since 5.25
+  ``create_bidirectional_mask`` reads them too and the packed path agrees with
+  ``padded`` (a ``[1, 1, T, T]`` mask over the whole packed batch).
 
 Each round runs every system once, back to back, in this process; the speedup is
 the median of the per-round ratios to ``padded``. One thread by default.

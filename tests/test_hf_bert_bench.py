@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from packaging.version import Version
 
 pytest.importorskip("transformers")
 
@@ -17,7 +18,14 @@ def test_prints_a_row_per_system_and_the_packed_path_error(capsys):
     for name in ("padded", "map", "map+ids"):
         assert f"| {name} |" in out, out
     assert record["map_ids_fallback"] == []  # positions and token types passed in
-    assert record["hf_packed_max_error"] > 1e-3  # BERT's packed path mixes sequences here
+    import transformers
+
+    if Version(transformers.__version__) >= Version("5.25"):
+        # create_bidirectional_mask reads packed position_ids since 5.25: HF's packed path
+        # keeps the sequences apart, as the padded model does
+        assert record["hf_packed_max_error"] < 1e-4
+    else:
+        assert record["hf_packed_max_error"] > 1e-3  # BERT's packed path mixes sequences here
     lengths = torch.tensor(record["lengths"])
     assert record["occupancy_tokens"] == float(lengths.sum()) / (3 * int(lengths.max()))
 
