@@ -114,7 +114,8 @@ def _as_lists(item: Any) -> Any:
     if isinstance(item, Ragged):
         return [_as_lists(item[i]) for i in range(item.batch_size)]
     if isinstance(item, (list, tuple)):
-        return [_as_lists(child) for child in item]
+        children = [_as_lists(child) for child in item]
+        return children if isinstance(item, list) else tuple(children)  # errors name it
     return item
 
 
