@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -124,35 +125,41 @@ def _segments(offsets: Tensor, total: int) -> tuple[Tensor, Tensor]:
     return ids, starts
 
 
-# id(bounds) -> (weak ref to bounds, bounds._version, the bounds read on the host)
-_HOST_BOUNDS: dict[int, tuple[weakref.ref[Tensor], int, list[int]]] = {}
+# id(tensor) -> (weak ref to it, its _version, tensor.tolist())
+_HOST_LISTS: dict[int, tuple[weakref.ref[Tensor], int, list[Any]]] = {}
 
 
 def _forget_host(key: int) -> Callable[[weakref.ref[Tensor]], None]:
     def forget(_: weakref.ref[Tensor]) -> None:
-        _HOST_BOUNDS.pop(key, None)
+        _HOST_LISTS.pop(key, None)
 
     return forget
 
 
-def host_bounds(bounds: Tensor) -> list[int]:
-    """``bounds.tolist()``, read once per bounds tensor (one host sync per partition).
+def host_list(t: Tensor) -> list[Any]:
+    """``t.tolist()``, read once per tensor (one host sync per partition).
 
-    ``bounds`` as :func:`segment_bounds` gives them: that tensor is remembered with
-    the partition's offsets, so every op on one partition (and each backward) passes
-    the same tensor, and the host copy is remembered with it, eagerly, while the
-    tensor is alive and not modified in place. Under tracing, transforms or dispatch
-    modes every call reads afresh. Callers must not modify the list.
+    For the partition tensors of a value and those derived from them (``x.sizes``, the
+    bounds :func:`segment_bounds` remembers with the offsets): every op on one
+    partition (and each backward) passes the same tensor, so the host copy is
+    remembered with it, eagerly, while the tensor is alive and not modified in place.
+    Under tracing, transforms or dispatch modes every call reads afresh. Callers must
+    not modify the list.
     """
-    if not _plain_eager(bounds):
-        return bounds.tolist()
-    key = id(bounds)
-    hit = _HOST_BOUNDS.get(key)
-    if hit is not None and hit[0]() is bounds and hit[1] == bounds._version:
+    if not _plain_eager(t):
+        return t.tolist()
+    key = id(t)
+    hit = _HOST_LISTS.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
         return hit[2]
-    host = bounds.tolist()
-    _HOST_BOUNDS[key] = (weakref.ref(bounds, _forget_host(key)), bounds._version, host)
+    host = t.tolist()
+    _HOST_LISTS[key] = (weakref.ref(t, _forget_host(key)), t._version, host)
     return host
+
+
+def host_bounds(bounds: Tensor) -> list[int]:
+    """The sample bounds from :func:`segment_bounds` on the host: :func:`host_list`."""
+    return host_list(bounds)
 
 
 def local_positions(offsets: Tensor, segments: Tensor, total: int) -> Tensor:

@@ -453,3 +453,33 @@ def test_per_sample_views_backward_records_views_only_around_each_call(monkeypat
     torch.testing.assert_close(out.values, torch.cat(want), rtol=0, atol=0)
     (expected,) = torch.autograd.grad((torch.cat(want) * weights).sum(), parts)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_sizes_are_read_on_the_host_once_per_partition(monkeypatch):
+    """Attention plans on the host sizes; q, k and v of one partition, and every later
+    call on it, reuse one read (a device sync on accelerators)."""
+    lengths = [3, 1, 4]
+    gen = torch.Generator().manual_seed(4)
+    x = raggedfn.from_lengths(torch.zeros(sum(lengths), 8), torch.tensor(lengths))
+    reads = []
+    tolist = torch.Tensor.tolist
+
+    def spy(self):
+        reads.append(tuple(self.shape))
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", spy)
+    outs, qkvs = [], []
+    for _ in range(3):
+        qkv = torch.randn(sum(lengths), 3, 2, 4, generator=gen)
+        q, k, v = (x.with_values(t) for t in qkv.unbind(1))
+        outs.append(raggedfn.attention(q, k, v))
+        qkvs.append(qkv)
+    assert reads == [(3, 1)]
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    for out, qkv in zip(outs, qkvs, strict=True):
+        want = [
+            F.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in p.unbind(1)))[0]
+            for p in qkv.split(lengths)
+        ]
+        torch.testing.assert_close(out.values, torch.cat([w.transpose(0, 1) for w in want]))

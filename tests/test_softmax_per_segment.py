@@ -190,10 +190,10 @@ def test_the_host_bounds_are_forgotten_with_their_partition(forced):
     raggedfn.softmax(x, 1)
     _, bounds = _index.segment_bounds(x.offsets, x.values.shape[0])
     key = id(bounds)
-    assert _index._HOST_BOUNDS[key][2] == [0, 3, 5]
+    assert _index._HOST_LISTS[key][2] == [0, 3, 5]
     del x, bounds
     gc.collect()
-    assert key not in _index._HOST_BOUNDS
+    assert key not in _index._HOST_LISTS
 
 
 def test_bounds_modified_in_place_are_read_again():

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._index import coordinates, offsets_of
+from .._index import coordinates, host_list, offsets_of
 from .._layout import Layout
 from .._ragged import Ragged
 
@@ -204,9 +204,14 @@ def unpad_dense(parts: Sequence[Tensor], buckets: Sequence[Bucket], batch_size: 
 
 
 def ragged_sizes(x: Ragged) -> list[list[int]]:
-    """``x.sizes`` on the host, one list per ragged axis (the planning sync)."""
-    columns = x.sizes.t().tolist()
-    return columns if columns else [[] for _ in range(x.num_ragged)]
+    """``x.sizes`` on the host, one (new) list per ragged axis (the planning sync, read
+    once per partition: ops on one partition share its ``sizes`` tensor)."""
+    rows = host_list(x.sizes)
+    return (
+        [list(column) for column in zip(*rows, strict=True)]
+        if rows
+        else [[] for _ in range(x.num_ragged)]
+    )
 
 
 def sample_views(x: Ragged, sizes: Sequence[Sequence[int]]) -> list[Tensor]:
