@@ -177,11 +177,11 @@ def test_attention_with_transformers_packed_mask_equals_the_loop(monkeypatch, co
     # consecutive positions: the mask is True everywhere (transformers' eager code drops
     # it) and map runs the length-bucketed kernels; positions that restart inside a
     # sample: the (query, key) pair formulation with the mask
-    from raggedfn._map import _rules_linalg
+    from raggedfn._map import _rules_attention
 
     calls = []
-    real = _rules_linalg._via_attention
-    monkeypatch.setattr(_rules_linalg, "_via_attention", lambda *a: calls.append(1) or real(*a))
+    real = _rules_attention._via_attention
+    monkeypatch.setattr(_rules_attention, "_via_attention", lambda *a: calls.append(1) or real(*a))
     f = _attention(consecutive)
     x = tokens((4, 1, 0, 6, 3), seed=3)
     report = raggedfn.map_report(f, x)
@@ -195,3 +195,48 @@ def test_attention_with_transformers_packed_mask_equals_the_loop(monkeypatch, co
     torch.testing.assert_close(got, want)
     grad = torch.func.grad(lambda v: _loss(raggedfn.map(f, x.with_values(v))))(x.values)
     torch.testing.assert_close(grad, want)
+
+
+@pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+def test_compiled_attention_with_a_mask_runs_the_varlen_op_with_it():
+    # under torch.compile the mask cannot be read on the host: the varlen custom op takes
+    # it and reads it per sample (a sample whose mask is True everywhere runs without it)
+    from torch._dynamo.utils import counters
+
+    f = _attention(False)  # positions that restart: masks that are not all True
+    layout = tokens((2,)).layout
+
+    def forward(values, offsets, sizes):
+        x = raggedfn.Ragged(values, offsets, sizes, layout)
+        return raggedfn.map(f, x).values
+
+    targets: set[str] = set()
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+
+        targets.update(str(node.target) for node in gm.graph.nodes)
+        return aot_eager(gm, example_inputs)
+
+    forward(*_fields(tokens((5, 3), seed=4)))  # the eager trace of f
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(forward, fullgraph=True, dynamic=True, backend=backend)
+    for seed, lengths in enumerate([(6, 2, 4), (3, 7), (5, 5, 2, 3)]):
+        x = tokens(lengths, seed=seed)
+        values = x.values.clone().requires_grad_()
+        got = compiled(values, x.offsets, x.sizes)
+        want = loop(f, x.with_values(values))
+        torch.testing.assert_close(got, torch.cat([o.transpose(0, 1) for o in want]))  # [T, H, Dh]
+        grad = torch.autograd.grad(_loss(got), values)[0]
+        expected = torch.autograd.grad(sum(_loss(o) for o in want), values)[0]
+        torch.testing.assert_close(grad, expected)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert any("varlen_attention" in t for t in targets), sorted(targets)
+
+
+def _fields(x):
+    return x.values, x.offsets, x.sizes

@@ -142,3 +142,53 @@ def test_per_sample_heads_are_views_unless_d_is_strided(unit_stride):
         strict=True,
     ):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize(
+    ("q_lengths", "k_lengths"),
+    [(Q_LENGTHS, K_LENGTHS), ([4, 4, 4], [4, 4, 4])],
+    ids=["distinct", "equal"],
+)
+def test_a_mask_equals_per_sample_sdpa_with_it(q_lengths, k_lengths):
+    """A boolean [N_b, M_b] mask per sample (packed row-major), shared by the heads: equal
+    to torch's SDPA on each sample with that mask, in values and gradients; a sample whose
+    mask is True everywhere runs without it, a query with every key masked gets zeros."""
+    q, k = packed(q_lengths, 0), packed(k_lengths, 1)
+    v = packed(k_lengths, 2)
+    gen = torch.Generator().manual_seed(3)
+    masks = [
+        torch.rand(n, m, generator=gen) > 0.4 for n, m in zip(q_lengths, k_lengths, strict=True)
+    ]
+    masks[0] = torch.ones_like(masks[0])  # nothing masked
+    masks[-1][0] = False  # a query with no key
+    got = _prims.varlen_attention(
+        q.values, k.values, v.values, q.offsets, k.offsets, v.offsets, False, None,
+        torch.cat([m.reshape(-1) for m in masks]),
+    )  # fmt: skip
+    outs = []
+    for qs, ks, vs, m in zip(*(raggedfn.unbind(t) for t in (q, k, v)), masks, strict=True):
+        if ks.shape[0] == 0:
+            outs.append(qs * 0)
+            continue
+        heads = [t.transpose(0, 1) for t in (qs, ks, vs)]
+        outs.append(F.scaled_dot_product_attention(*heads, attn_mask=m).transpose(0, 1))
+    want = torch.cat(outs)
+    torch.testing.assert_close(got, want)
+    cotangent = torch.randn_like(got)
+    leaves = [q.values, k.values, v.values]
+    options = {"allow_unused": True, "materialize_grads": True}
+    for g, w in zip(
+        torch.autograd.grad(got, leaves, cotangent, **options),
+        torch.autograd.grad(want, leaves, cotangent, **options),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, w)
+
+
+def test_a_mask_of_the_wrong_size_is_refused():
+    q = packed([2, 3], 0)
+    with pytest.raises(RaggedError, match="the mask has 5 entries for 13 pairs"):
+        _prims.varlen_attention(
+            q.values, q.values, q.values, q.offsets, q.offsets, q.offsets, False, None,
+            torch.ones(5, dtype=torch.bool),
+        )  # fmt: skip

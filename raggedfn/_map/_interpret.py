@@ -12,6 +12,7 @@ from torch import Tensor
 from .._errors import RaggedPerformanceWarning, fail
 from . import (  # noqa: F401
     _blocks,
+    _rules_attention,
     _rules_index,
     _rules_linalg,
     _rules_pointwise,

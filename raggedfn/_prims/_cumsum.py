@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ._forward import call
 from ._segment import segment_counts, segment_sum, take_rows
@@ -53,7 +54,9 @@ def _before(values: Tensor, starts: Tensor) -> Tensor:
 
 def _running(values: Tensor, starts: Tensor) -> Tensor:
     """Inclusive running sum inside contiguous segments (see the module docstring)."""
-    if values.shape[0] == 0:
+    # an unbacked row count (a packed size read from the data under torch.compile)
+    # cannot decide this branch; the general path below is exact for 0 rows too
+    if guard_or_false(values.shape[0] == 0):
         return values.clone()
     shifted = values - _before(values, starts) if values.is_floating_point() else values
     running = torch.cumsum(shifted, 0)

@@ -7,8 +7,10 @@ kernel's own backward. Unlike :func:`host_planned` (which recomputes the
 forward in its backward), nothing is computed twice.
 
 Used by ``raggedfn.attention`` under ``torch.compile`` for plain attention (one
-ragged axis, no bias, no key padding, packed ``(B, N*, H, D)`` storage, CPU); the
-eager path keeps its autograd-composable implementation. Like every custom op,
+ragged axis, no bias, no key padding, packed ``(B, N*, H, D)`` storage, CPU), and by
+``map``'s attention rule there with a boolean per-sample mask shared by the heads
+(transformers' packed-sequence mask); the eager path keeps its autograd-composable
+implementation. Like every custom op,
 it is opaque to ``torch.func`` transforms and to double backward inside
 compiled code (those raise).
 """
@@ -82,9 +84,11 @@ def _varlen(
     v_offsets: Tensor,
     causal: bool,
     scale: float | None,
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     bounds = _bounds(q_offsets, k_offsets, v_offsets)
-    batch = _uniform(bounds)
+    masks = _masks(mask, bounds, q.dtype)
+    batch = _uniform(bounds) if not any(m is not None for m in masks) else 0
     if batch:  # every sample has the same lengths: one batched kernel call on views
         o, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             *(_batched(t, batch) for t in (q, k, v)), 0.0, causal, scale=scale
@@ -92,11 +96,17 @@ def _varlen(
         return _unbatched(o), _unbatched(logsumexp.unsqueeze(-1)).squeeze(-1)
     out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     lse = q.new_full((q.shape[0], q.shape[1]), float("-inf"), dtype=_lse_dtype(q.dtype))
-    for q0, q1, k0, k1 in bounds:
+    for (q0, q1, k0, k1), m in zip(bounds, masks, strict=True):
         if q1 == q0 or k1 == k0:  # no rows, or no keys: zeros as torch's SDPA gives
             continue
         o, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            _heads(q[q0:q1]), _heads(k[k0:k1]), _heads(v[k0:k1]), 0.0, causal, scale=scale
+            _heads(q[q0:q1]),
+            _heads(k[k0:k1]),
+            _heads(v[k0:k1]),
+            0.0,
+            causal,
+            attn_mask=m,
+            scale=scale,
         )
         out[q0:q1] = o[0].transpose(0, 1)
         lse[q0:q1] = logsumexp[0].transpose(0, 1)
@@ -121,9 +131,11 @@ def _varlen_backward(
     k_offsets: Tensor,
     causal: bool,
     scale: float | None,
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     bounds = _bounds(q_offsets, k_offsets, k_offsets)
-    batch = _uniform(bounds)
+    masks = _masks(mask, bounds, q.dtype)
+    batch = _uniform(bounds) if not any(m is not None for m in masks) else 0
     if batch:
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             *(_batched(t, batch) for t in (grad, q, k, v, out)),
@@ -135,7 +147,7 @@ def _varlen_backward(
         dq, dk, dv = (_unbatched(g) for g in grads)
         return dq, dk, dv
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for q0, q1, k0, k1 in bounds:
+    for (q0, q1, k0, k1), m in zip(bounds, masks, strict=True):
         if q1 == q0 or k1 == k0:
             continue
         gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
@@ -147,6 +159,7 @@ def _varlen_backward(
             lse[q0:q1].transpose(0, 1).unsqueeze(0).contiguous(),
             0.0,
             causal,
+            attn_mask=m,
             scale=scale,
         )
         dq[q0:q1] = gq[0].transpose(0, 1)
@@ -163,17 +176,17 @@ def _varlen_backward_fake(
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
-    q, k, v, q_offsets, k_offsets, _, causal, scale = inputs
+    q, k, v, q_offsets, k_offsets, _, causal, scale, *mask = inputs
     ctx.causal, ctx.scale = causal, scale
-    ctx.save_for_backward(q, k, v, output[0], output[1], q_offsets, k_offsets)
+    ctx.save_for_backward(q, k, v, output[0], output[1], q_offsets, k_offsets, *mask)
 
 
 def _backward(ctx: Any, grad: Tensor, grad_lse: Tensor | None) -> tuple[Any, ...]:
-    q, k, v, out, lse, q_offsets, k_offsets = ctx.saved_tensors
+    q, k, v, out, lse, q_offsets, k_offsets, *mask = ctx.saved_tensors
     dq, dk, dv = _varlen_backward(
-        grad.contiguous(), q, k, v, out, lse, q_offsets, k_offsets, ctx.causal, ctx.scale
+        grad.contiguous(), q, k, v, out, lse, q_offsets, k_offsets, ctx.causal, ctx.scale, *mask
     )
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 _varlen.register_autograd(_backward, setup_context=_setup_context)
@@ -188,10 +201,38 @@ def varlen_attention(
     v_offsets: Tensor,
     causal: bool = False,
     scale: float | None = None,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """Per-sample SDPA on packed ``[T, H, D]`` tensors (sample ``b`` owns rows
     ``offsets[b]:offsets[b + 1]``); the output has the rows of ``q``. A sample with
-    no keys gives zeros. Refuses forward-mode AD (``RaggedError``): the custom op has no
+    no keys gives zeros. ``mask``: boolean ``[P]``, each sample's ``[N_b, M_b]`` keep
+    mask row-major, samples in order, shared by the heads; a sample whose mask is True
+    everywhere runs without one, and a query whose keys are all masked gets zeros (as
+    torch's SDPA). Refuses forward-mode AD (``RaggedError``): the custom op has no
     forward-mode rule."""
     refuse_compiled("attention", "attention runs as one opaque custom op there")
-    return _varlen(q, k, v, q_offsets, k_offsets, v_offsets, causal, scale)[0]
+    return _varlen(q, k, v, q_offsets, k_offsets, v_offsets, causal, scale, mask)[0]
+
+
+def _masks(
+    mask: Tensor | None, bounds: list[tuple[int, int, int, int]], dtype: torch.dtype
+) -> list[Tensor | None]:
+    """Each sample's additive ``[N, M]`` mask for the fused kernel (0 kept, -inf masked),
+    or None where nothing is masked."""
+    if mask is None:
+        return [None] * len(bounds)
+    pairs = sum((q1 - q0) * (k1 - k0) for q0, q1, k0, k1 in bounds)
+    if mask.shape != (pairs,):
+        raise fail("attention", f"the mask has {mask.numel()} entries for {pairs} pairs")
+    out: list[Tensor | None] = []
+    start = 0
+    for q0, q1, k0, k1 in bounds:
+        size = (q1 - q0) * (k1 - k0)
+        keep = mask[start : start + size].reshape(q1 - q0, k1 - k0)
+        start += size
+        if bool(keep.all()):
+            out.append(None)
+        else:
+            zeros = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
+            out.append(zeros.masked_fill(~keep, float("-inf")))
+    return out
