@@ -44,6 +44,7 @@ def _new_variant(
         (lambda: _trace_plan(f, leaves, kinds, treespec, classes, probe_hints, deps))
         if needed
         else None,
+        lambda: _trace_plan(f, leaves, kinds, treespec, classes, _large_again(hints), deps),
     )
     if isinstance(plan, Failure):
         variant.failure = plan.reason
@@ -61,6 +62,13 @@ def _new_variant(
 # special cases)
 def _probe_hints(count: int) -> tuple[int, ...]:
     return tuple(2 + c for c in range(count))
+
+
+def _large_again(hints: tuple[int, ...]) -> tuple[int, ...]:
+    """Other large example sizes (each first hint plus one): where the probe on small
+    sizes stops, a trace pinned by ``len(t)`` is traced again on these to tell which of
+    its fixed output sizes follow the sample's."""
+    return tuple(h + 1 for h in hints)
 
 
 def _holds_at(plan: Plan, classes: tuple[int, ...], hints: tuple[int, ...]) -> bool:
@@ -84,6 +92,7 @@ def _holds_at(plan: Plan, classes: tuple[int, ...], hints: tuple[int, ...]) -> b
 def _structure(
     plan: Plan | Failure,
     probe: Callable[[], Plan | Failure] | None,
+    again: Callable[[], Plan | Failure] | None = None,
 ) -> tuple[list[tuple[int, ...]] | None, Plan | Failure | None]:
     """The ragged axes of each output, as f gives them (None when the trace stopped
     before its end), and the probe trace when one ran.
@@ -92,7 +101,9 @@ def _structure(
     (``len(t)``, ``float(n)``) or f branches on sizes (``t[:min(3, n)]`` has 3 rows
     for every n >= 3), its fixed output sizes may still follow the input's: a probe
     trace on small sizes tells them apart (axes ragged there, or of other sizes,
-    are ragged). The structure depends on f only, never on a batch."""
+    are ragged). Where that probe stops early (``t[4]``) and a guard fixed a size,
+    ``again`` traces on other large sizes instead. The structure depends on f only,
+    never on a batch."""
     specs, pinned, guarded = _specs(plan)
     if specs is None:
         return None, None
@@ -101,6 +112,8 @@ def _structure(
         return [tuple(sorted(p)) for p in positions], None
     other = probe()
     more, _, _ = _specs(other)
+    if (more is None or len(more) != len(specs)) and pinned and again is not None:
+        more, _, _ = _specs(again())
     if more is None or len(more) != len(specs):
         # the probe stopped early: a pinned trace cannot tell; else keep the first's
         return (None if pinned else [tuple(sorted(p)) for p in positions]), other
