@@ -14,8 +14,9 @@ Systems, each checked against ``padded`` before timing:
 - ``map``: the unchanged model on one sequence, ``model(input_ids=ids[None])``, run
   by ``raggedfn.map`` over ``from_padded(input_ids, mask=attention_mask)``.
 - ``map+ids``: the same with ``position_ids`` and ``token_type_ids`` passed in
-  (``raggedfn.positions``, zeros), which avoids the two ops that map still runs
-  per sample for BERT (the position-buffer slice and the token-type gather).
+  (``raggedfn.positions``, zeros), which avoids the position-buffer slice and the
+  token-type gather of the plain call (the record's ``map_fallback`` lists what, if
+  anything, still runs per sample).
 - with ``--compiled`` (default), each of them also under
   ``torch.compile(fullgraph=True)`` (inductor, static shapes: one batch): ``padded
   compiled`` compiles HF's batched call, ``map compiled`` / ``map+ids compiled`` a
