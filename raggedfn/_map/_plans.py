@@ -160,6 +160,8 @@ def _trace_plan(
         raise
     except Exception as error:  # data-dependent control flow, unsupported graph, ...
         first_error = error
+    if 0 in hints:  # an empty example: its samples take the empty-sample way (_groups)
+        return _failure(first_error)
     try:
         # sizes reasoned about obliviously can fail where every sample runs: ``t[:1] * t``
         # broadcasts Min(1, N) rows against N only if N >= 1 is decided. Again on the

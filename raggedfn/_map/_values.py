@@ -350,6 +350,22 @@ def align(
 def _align_ragged(
     ctx: Ctx, x: RaggedB, shape: tuple[Any, ...], layout: Layout, struct: Struct | None
 ) -> Tensor:
+    if struct is None and any(type(s) is int and s == 0 for s in shape):
+        # a result without elements (a plan for empty samples fixes their size to 0):
+        # only the operand's shape matters, not which rows it would read
+        n = len(shape)
+        empty = x.values.new_empty((ctx.batch_size, *shape))
+        return _place_dense(empty, list(range(n)), info_of(layout).dense_pos)
+    xinfo = info_of(x.layout)
+    if struct is None and len(xinfo.ragged) == 1:
+        # the result has no ragged axis: torch broadcast x's one ragged axis against a
+        # fixed size, which a guard of this plan decided (s == c or s == 1) for every
+        # sample alike, so the samples' rows are equally many: x as a fixed-size value
+        p = xinfo.ragged[0][0]
+        t = x.values.reshape(x.struct.sizes.shape[0], -1, *x.values.shape[1:])
+        have = [p, *xinfo.dense_pos]
+        perm = sorted(range(len(have)), key=have.__getitem__)
+        return align(ctx, DenseB(t.permute(0, *(1 + i for i in perm))), shape, layout, None)
     rows, finish = ragged_alignment(ctx, x, shape, layout, struct)
     return finish(x.values if rows is None else take_rows(x.values, rows))
 
