@@ -35,7 +35,7 @@ from ._dynamo_reads import made_inside
 from ._interpret import make_ctx, run
 from ._lookup import _lookup, _prepare, _roots
 from ._signature import _columns
-from ._split import empty_samples
+from ._split import as_structure, empty_samples
 from ._trace import _LOCK, is_ragged_leaf
 
 
@@ -282,7 +282,11 @@ def compiled_map(
             torch._assert_async(ok.all(), f"raggedfn.map: guard {text} fails")
         elif not ok:
             raise fail("map", f"guard {text} fails")
-    return run(plan, ctx, inputs, False, None)
+    out = run(plan, ctx, inputs, False, None)
+    if plan.pinned or plan.guards:
+        # fixed sizes of a trace under guards become ragged where f's are, as eagerly
+        out = as_structure(out, chosen.structure)
+    return out
 
 
 __all__ = ["compiled_map"]

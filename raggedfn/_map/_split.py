@@ -185,6 +185,29 @@ def merge(parts: list[tuple[Tensor, Any]], batch_size: int, ragged: tuple[int, .
     return take_samples(joined, inverse)
 
 
+def as_structure(out: Any, structure: list[tuple[int, ...]] | None) -> Any:
+    """A plan's outputs with the ragged axes of the output structure, read from shapes
+    only (no host sync: compiled code): a dense ``[B, ...]`` leaf of an output with
+    ragged axes becomes a ``Ragged`` whose samples share its fixed sizes, as
+    :func:`merge` makes it eagerly. A ``Ragged`` leaf lacking some of them is refused."""
+    flat, spec = pytree.tree_flatten(out, is_leaf=lambda v: isinstance(v, Ragged))
+    if structure is None or len(structure) != len(flat):
+        return out
+    converted = []
+    for leaf, ragged in zip(flat, structure, strict=True):
+        if ragged and isinstance(leaf, Tensor) and leaf.ndim - 1 > max(ragged):
+            layout = Layout.from_ragged_positions(leaf.ndim - 1, ragged)
+            leaf = _dense_as_ragged(leaf, None, layout)
+        elif ragged and isinstance(leaf, Ragged) and not set(ragged) <= _ragged_positions(leaf):
+            raise fail(
+                "map",
+                "inside torch.compile, an output of f has ragged axes the plan for these "
+                "sizes gives a fixed size; run this call eagerly",
+            )
+        converted.append(leaf)
+    return pytree.tree_unflatten(converted, spec)
+
+
 def empty_result(
     specs: list[Any], out_spec: Any, structure: list[tuple[int, ...]] | None, device: Any
 ) -> Any:
@@ -237,4 +260,12 @@ def ragged_positions_of(spec: Any) -> tuple[int, ...]:
     return tuple(p for p, s in enumerate(spec.shape) if isinstance(s, Sz))
 
 
-__all__ = ["empty_result", "empty_samples", "merge", "ragged_positions_of", "take", "take_samples"]
+__all__ = [
+    "as_structure",
+    "empty_result",
+    "empty_samples",
+    "merge",
+    "ragged_positions_of",
+    "take",
+    "take_samples",
+]
