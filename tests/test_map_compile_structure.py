@@ -65,17 +65,54 @@ def test_compiled_map_has_the_eager_output_structure(f, batches):
     assert not counters["graph_break"]
 
 
+def _scores_against_the_first_three(t):
+    return t @ t.narrow(0, 0, min(3, t.shape[0])).T  # (n, min(3, n))
+
+
+def _scores_against_the_first_three_per_channel(t):
+    scores = t @ t.narrow(0, 0, min(3, t.shape[0])).T
+    return scores[:, :, None] * torch.arange(1.0, 3.0, dtype=t.dtype)  # (n, min(3, n), 2)
+
+
 def _scores_of_the_first_three(t):
-    return t @ t.narrow(0, 0, min(3, t.shape[0])).T
+    return t.narrow(0, 0, min(3, t.shape[0])) @ t.T  # (min(3, n), n)
 
 
-def test_compiled_map_refuses_a_ragged_output_missing_a_ragged_axis():
-    # eagerly (n, min(3, n)) has two ragged axes; the compiled plan's second axis has the
-    # fixed size 3 (it gave a Ragged of layout (N*, 3)): refused, not another structure
+def _pair_step(f):
     def step(values, offsets, sizes):
         x = raggedfn.Ragged(values, offsets, sizes, raggedfn.Layout.standard(1, 1))
-        return raggedfn.map(_scores_of_the_first_three, x)
+        return raggedfn.map(f, x)
 
+    return step
+
+
+@pytest.mark.parametrize(
+    "f",
+    [_scores_against_the_first_three, _scores_against_the_first_three_per_channel],
+    ids=["scores", "per_channel"],
+)
+def test_compiled_map_makes_a_trailing_fixed_axis_ragged_as_eagerly(f):
+    # eagerly (n, min(3, n)) has two ragged axes; the compiled plan's second axis has the
+    # fixed size 3 (it gave a Ragged of layout (N*, 3))
+    step = _pair_step(f)
+    x, _ = _batch([5, 6], 0)
+    eager = step(x.values, x.offsets, x.sizes)
+    assert eager.num_ragged == 2
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
+    for n, lengths in enumerate([[5, 6], [3, 4, 7], [4, 3]]):
+        x, samples = _batch(lengths, n)
+        got = compiled(x.values, x.offsets, x.sizes)
+        assert isinstance(got, raggedfn.Ragged) and got.layout == eager.layout
+        assert_restacked(got, [f(s) for s in samples])
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+
+
+def test_compiled_map_refuses_a_fixed_axis_before_a_ragged_one():
+    # (min(3, n), n): the fixed axis comes first, so a packed row is not a run of rows
+    step = _pair_step(_scores_of_the_first_three)
     x, samples = _batch([5, 6], 0)
     eager = step(x.values, x.offsets, x.sizes)
     assert eager.num_ragged == 2

@@ -189,7 +189,9 @@ def as_structure(out: Any, structure: list[tuple[int, ...]] | None) -> Any:
     """A plan's outputs with the ragged axes of the output structure, read from shapes
     only (no host sync: compiled code): a dense ``[B, ...]`` leaf of an output with
     ragged axes becomes a ``Ragged`` whose samples share its fixed sizes, as
-    :func:`merge` makes it eagerly. A ``Ragged`` leaf lacking some of them is refused."""
+    :func:`merge` makes it eagerly, and so do the fixed axes of a ``Ragged`` leaf that
+    follow all its ragged ones (``(N, 3)`` as ``(N, M)``); other such leaves are
+    refused."""
     flat, spec = pytree.tree_flatten(out, is_leaf=lambda v: isinstance(v, Ragged))
     if structure is None or len(structure) != len(flat):
         return out
@@ -199,13 +201,38 @@ def as_structure(out: Any, structure: list[tuple[int, ...]] | None) -> Any:
             layout = Layout.from_ragged_positions(leaf.ndim - 1, ragged)
             leaf = _dense_as_ragged(leaf, None, layout)
         elif ragged and isinstance(leaf, Ragged) and not set(ragged) <= _ragged_positions(leaf):
-            raise fail(
-                "map",
-                "inside torch.compile, an output of f has ragged axes the plan for these "
-                "sizes gives a fixed size; run this call eagerly",
-            )
+            leaf = _trailing_as_ragged(leaf, set(ragged))
         converted.append(leaf)
     return pytree.tree_unflatten(converted, spec)
+
+
+def _trailing_as_ragged(x: Ragged, positions: set[int]) -> Ragged:
+    """``x`` with its fixed axes at ``positions`` ragged (every sample the same size
+    there), from shapes alone: only where they follow every ragged axis of ``x`` in a
+    standard layout, so that each packed row becomes a run of rows."""
+    have = _ragged_positions(x)
+    new = sorted(positions - have)
+    rank = x.layout.rank
+    if (
+        x.row_offsets
+        or x.layout != Layout.from_ragged_positions(rank, tuple(sorted(have)))
+        or min(new) < max(have)
+    ):
+        raise fail(
+            "map",
+            "inside torch.compile, an output of f has ragged axes the plan for these "
+            "sizes gives a fixed size; run this call eagerly",
+        )
+    moved = [x.layout.axes[p].index for p in new]
+    kept = [j for j in range(x.layout.num_dense) if j not in moved]
+    values = x.values.permute(0, *(1 + j for j in moved), *(1 + j for j in kept))
+    sides = [x.values.shape[1 + j] for j in moved]
+    count = math.prod(sides)
+    values = values.reshape(x.values.shape[0] * count, *(x.values.shape[1 + j] for j in kept))
+    added = torch.tensor(sides, dtype=x.sizes.dtype, device=x.sizes.device)
+    sizes = torch.cat([x.sizes, added.expand(x.sizes.shape[0], len(sides))], dim=1)
+    layout = Layout.from_ragged_positions(rank, tuple(sorted(positions | have)))
+    return Ragged._make(values, x.offsets * count, sizes, layout)
 
 
 def empty_result(
