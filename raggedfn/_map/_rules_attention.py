@@ -63,7 +63,15 @@ def _via_attention(
 
 
 def _via_varlen_mask(
-    ctx: Ctx, step: Any, q: RaggedB, k: RaggedB, v: RaggedB, mask: Any, pairs: Any, *rest: Any
+    ctx: Ctx,
+    step: Any,
+    q: RaggedB,
+    k: RaggedB,
+    v: RaggedB,
+    mask: Any,
+    pairs: Any,
+    causal: bool,
+    scale: Any,
 ) -> Any:
     """Compiled, a boolean mask shared by the heads: the varlen custom op with the mask,
     which runs a sample whose mask is True everywhere without it (transformers 5.25's
@@ -88,7 +96,7 @@ def _via_varlen_mask(
     )
     flat = keep.reshape(keep.shape[0]).expand(pairs.total).contiguous()
     out = _prims.varlen_attention(
-        q3, k3, v3, q.struct.offsets, k.struct.offsets, v.struct.offsets, *rest, flat
+        q3, k3, v3, q.struct.offsets, k.struct.offsets, v.struct.offsets, causal, scale, flat
     )
     values = out.reshape((*q.values.shape[:-1], v.values.shape[-1]))
     return RaggedB(values.to(step.out.dtype), q.layout, q.sz, q.struct)
