@@ -68,3 +68,20 @@ def test_pointwise_ops_on_empty_pair_states_batch():
     report = raggedfn.map_report(f, x)
     assert_same(report.output, loop(f, x))
     assert set(report.fallback) <= {"aten.diff.default"}, str(report)
+
+
+@pytest.mark.parametrize("lengths", [(0,), (0, 2), (0, 0)])
+def test_results_without_elements_keep_the_autograd_history_of_the_loop(lengths):
+    # a plan for empty samples: the loop's empty results require grad, so must map's
+    f = lambda t: (t * 2 + 1 if t.shape[0] < 1 else t - 1)[0:]  # noqa: E731
+    x = tokens(lengths)
+    values = x.values.detach().requires_grad_()
+    y = raggedfn.map(f, x.with_values(values))
+    pieces = [f(t) for t in values.split(x.lengths.tolist())]
+    assert y.values.requires_grad == any(p.requires_grad for p in pieces)
+    assert_same(y, loop(f, x))
+    (g,) = torch.autograd.grad(y.values.sum(), values, allow_unused=True)
+    (g_ref,) = torch.autograd.grad(sum(p.sum() for p in pieces), values, allow_unused=True)
+    assert (g is None) == (g_ref is None)
+    if g is not None:
+        torch.testing.assert_close(g, g_ref)

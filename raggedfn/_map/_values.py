@@ -354,7 +354,8 @@ def _align_ragged(
         # a result without elements (a plan for empty samples fixes their size to 0):
         # only the operand's shape matters, not which rows it would read
         n = len(shape)
-        empty = x.values.new_empty((ctx.batch_size, *shape))
+        # (a view of none of x's elements: it keeps x's autograd history)
+        empty = x.values.reshape(-1)[:0].reshape(ctx.batch_size, *shape)
         return _place_dense(empty, list(range(n)), info_of(layout).dense_pos)
     xinfo = info_of(x.layout)
     if struct is None and len(xinfo.ragged) == 1:
