@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import raggedfn
 from property_tests.reference import assert_same, loop
 from raggedfn import RaggedError
-from raggedfn._map import _api, _interpret, _warm
+from raggedfn._map import _chunked, _interpret, _warm
 from raggedfn._map._chunks import group_bounds
 
 C = 4
@@ -127,8 +127,9 @@ def test_a_small_budget_runs_the_plan_once_per_group(monkeypatch):
 
         return run
 
-    # every place that runs a plan: the general path, and the warm call (see _warm)
-    for module, name in ((_api, "run"), (_warm, "run"), (_warm, "run_prepared")):
+    # every place that runs a plan: the general path and the warm call's groups (_chunked),
+    # and the warm call's whole batch (_warm)
+    for module, name in ((_chunked, "run"), (_warm, "run"), (_warm, "run_prepared")):
         monkeypatch.setattr(module, name, counting(getattr(module, name)))
     x = tokens((4, 4, 4, 4, 4, 4))
     ps = params()
@@ -306,7 +307,7 @@ def test_small_calls_skip_the_per_sample_costs(monkeypatch):
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(_api, "sample_costs", spy)
+    monkeypatch.setattr(_chunked, "sample_costs", spy)
     x = tokens((4, 4, 4, 4, 4, 4))  # 24 rows: bound 24 * 24 * 4C = 9216 elements
     ps = params()
     want = loop(block, x, *ps)

@@ -15,7 +15,7 @@ import torch
 import raggedfn
 from property_tests.reference import assert_same, loop, samples
 from raggedfn import RaggedError, RaggedPerformanceWarning
-from raggedfn._map import _api, _cache
+from raggedfn._map import _api, _cache, _chunked
 
 
 def tokens(lengths: tuple[int, ...], width: int = 3, seed: int = 0, dtype=torch.float64):
@@ -276,8 +276,8 @@ def test_randomness_error_and_strict_are_honoured_warm():
 
 def test_a_small_chunk_budget_runs_groups_warm(took, monkeypatch):
     groups = []
-    real = _api.run_in_groups
-    monkeypatch.setattr(_api, "run_in_groups", lambda b, fn: groups.append(b) or real(b, fn))
+    real = _chunked.run_in_groups
+    monkeypatch.setattr(_chunked, "run_in_groups", lambda b, fn: groups.append(b) or real(b, fn))
     f = lambda t: (t[:, None] * t[None]).sum(-1)  # noqa: E731  ([N, N] per sample)
     x = tokens((4, 4, 4, 4))
     raggedfn.map(f, x)

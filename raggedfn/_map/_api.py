@@ -11,14 +11,8 @@ import torch
 from .._errors import RaggedPerformanceWarning, fail
 from . import _cache, _warm
 from ._cache import CacheInfo
-from ._chunks import (
-    check_chunk_elements,
-    group_bounds,
-    run_in_groups,
-    sample_costs,
-    slice_leaves,
-    within_budget,
-)
+from ._chunked import run_chunked
+from ._chunks import check_chunk_elements
 from ._compiled import compiled_map
 from ._groups import (
     _check_randomness,
@@ -28,9 +22,8 @@ from ._groups import (
     _whole_loop,
     refuse_unknown_empty,
 )
-from ._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx, run
+from ._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
 from ._lookup import _lookup, _prepare
-from ._random import same_start
 from ._report import MapReport
 from ._sizes import Unsupported
 from ._split import empty_result
@@ -108,7 +101,7 @@ def _map(
     ok = guard_mask(plan, ctx)
     try:
         if ok is None:  # every sample meets the guards: the common case, no split
-            out = _run_chunked(
+            out = run_chunked(
                 plan,
                 ctx,
                 inputs,
@@ -157,47 +150,6 @@ def _map(
         report.fallback = dict(recorder.fallback)
         report.unbatched = dict(recorder.unbatched)
     return out
-
-
-def _run_chunked(
-    plan: Any,
-    ctx: Any,
-    inputs: list[Any],
-    leaves: list[Any],
-    kinds: list[str],
-    lifted: list[Any],
-    budget: int,
-    strict: bool,
-    randomness: str,
-    recorder: Recorder | None,
-) -> Any:
-    """``run`` on the whole batch, or on groups of consecutive samples whose largest
-    intermediate stays within ``budget`` elements (see :mod:`._chunks`)."""
-    bounds = None
-    ctx.tiles = budget > 0
-    if budget and ctx.batch_size > 1 and not within_budget(plan, leaves, ctx.batch_size, budget):
-        costs = sample_costs(plan, ctx.env, ctx.batch_size)
-        if costs is not None:
-            per_sample = costs.tolist()  # one host sync
-            if sum(per_sample) > budget:
-                bounds = group_bounds(per_sample, budget)
-    if bounds is None or len(bounds) == 1:
-        return run(plan, ctx, inputs, strict, recorder)
-    rows = [
-        leaf.offsets.tolist() if k == "ragged" else None
-        for leaf, k in zip(leaves, kinds, strict=True)
-    ]
-    restart = same_start(randomness, [plan])  # every group draws what the first does
-
-    def run_group(start: int, stop: int) -> Any:
-        if restart is not None:
-            restart()
-        part = slice_leaves(leaves, kinds, rows, start, stop)
-        group_ctx, group_inputs = make_ctx(plan, part, stop - start, ctx.device, lifted, randomness)
-        group_ctx.tiles = True
-        return run(plan, group_ctx, group_inputs, strict, recorder)
-
-    return run_in_groups(bounds, run_group)
 
 
 def map(

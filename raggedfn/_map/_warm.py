@@ -30,6 +30,7 @@ from torch.nn import Parameter
 
 from .._ragged import Ragged
 from . import _blocks, _cache
+from ._chunked import run_chunked
 from ._chunks import DEFAULT_CHUNK_ELEMENTS, within_budget
 from ._interpret import make_ctx, run
 from ._prepared import eligible, prepared, run_prepared
@@ -257,11 +258,9 @@ def call(
             pass
         ctx, inputs = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
         if budget and batch_size > 1 and not within_budget(plan, leaves, batch_size, budget):
-            from ._api import _run_chunked  # (it imports this module)
-
             # maybe groups of samples: as the general path
             args_ = (leaves, memo.kinds, lifted, budget, strict, randomness, None)
-            return _run_chunked(plan, ctx, inputs, *args_)
+            return run_chunked(plan, ctx, inputs, *args_)
         ctx.tiles = tiles = budget > 0
         prep = prepared(plan)
         if prep is None or (tiles and (prep.has_chains or (prep.has_blocks and _blocks.ENABLED))):
