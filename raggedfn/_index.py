@@ -126,14 +126,37 @@ def _segments(offsets: Tensor, total: int) -> tuple[Tensor, Tensor]:
 
 
 # id(tensor) -> (weak ref to it, its _version, tensor.tolist())
-_HOST_LISTS: dict[int, tuple[weakref.ref[Tensor], int, list[Any]]] = {}
+_HOST_LISTS: dict[int, tuple[weakref.ref[Tensor], int, Any]] = {}
+# id(tensor) -> (weak ref to it, its _version, bool(tensor.all()))
+_HOST_ALL: dict[int, tuple[weakref.ref[Tensor], int, Any]] = {}
 
 
-def _forget_host(key: int) -> Callable[[weakref.ref[Tensor]], None]:
+def _forget_host(
+    store: dict[int, tuple[weakref.ref[Tensor], int, Any]], key: int
+) -> Callable[[weakref.ref[Tensor]], None]:
     def forget(_: weakref.ref[Tensor]) -> None:
-        _HOST_LISTS.pop(key, None)
+        store.pop(key, None)
 
     return forget
+
+
+def _remembered(
+    store: dict[int, tuple[weakref.ref[Tensor], int, Any]],
+    t: Tensor,
+    read: Callable[[Tensor], Any],
+) -> Any:
+    """``read(t)``, remembered in ``store`` with ``t`` while it is alive and not modified
+    in place (its ``_version``), eagerly; under tracing, transforms or dispatch modes
+    every call reads afresh."""
+    if not _plain_eager(t):
+        return read(t)
+    key = id(t)
+    hit = store.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    host = read(t)
+    store[key] = (weakref.ref(t, _forget_host(store, key)), t._version, host)
+    return host
 
 
 def host_list(t: Tensor) -> list[Any]:
@@ -146,15 +169,19 @@ def host_list(t: Tensor) -> list[Any]:
     Under tracing, transforms or dispatch modes every call reads afresh. Callers must
     not modify the list.
     """
-    if not _plain_eager(t):
-        return t.tolist()
-    key = id(t)
-    hit = _HOST_LISTS.get(key)
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
-        return hit[2]
-    host = t.tolist()
-    _HOST_LISTS[key] = (weakref.ref(t, _forget_host(key)), t._version, host)
-    return host
+    out: list[Any] = _remembered(_HOST_LISTS, t, Tensor.tolist)
+    return out
+
+
+def _read_all(t: Tensor) -> bool:
+    return bool(t.all())  # one host sync
+
+
+def host_all(t: Tensor) -> bool:
+    """``bool(t.all())``, read once per tensor, as :func:`host_list`: several ops given
+    the same tensor (one attention mask for every layer of a model) pay one host sync.
+    """
+    return bool(_remembered(_HOST_ALL, t, _read_all))
 
 
 def host_bounds(bounds: Tensor) -> list[int]:

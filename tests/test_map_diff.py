@@ -197,6 +197,58 @@ def test_attention_with_transformers_packed_mask_equals_the_loop(monkeypatch, co
     torch.testing.assert_close(grad, want)
 
 
+def _two_layers(t, mask):
+    """Two attention layers given one boolean mask, as every layer of a BERT gets one."""
+    q = t.reshape(t.shape[0], 2, D // 2).transpose(0, 1)[None]  # [1, H, N, Dh]
+    h = F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=mask)
+    return F.scaled_dot_product_attention(h, h * 0.5, h, attn_mask=mask)[0]
+
+
+def _count_mask_reads(monkeypatch):
+    """The host reads of whether a mask is True everywhere (``_index.host_all``)."""
+    from raggedfn import _index
+
+    reads = []
+    real = _index._read_all
+    monkeypatch.setattr(_index, "_read_all", lambda t: reads.append(t.shape) or real(t))
+    return reads
+
+
+@pytest.mark.parametrize("consecutive", [True, False])
+def test_layers_given_one_mask_read_it_once(monkeypatch, consecutive):
+    # eagerly, the attention rule asks whether the mask is True everywhere (a host read,
+    # a device sync on a GPU); the answer is remembered with the mask tensor, so the
+    # second layer does not read it again. consecutive: True everywhere (dropped)
+    reads = _count_mask_reads(monkeypatch)
+    f = lambda t: _two_layers(t, _hf_mask(t, consecutive))  # noqa: E731  (mask built once)
+    x = tokens((4, 1, 0, 6, 3), seed=3)
+    want = loop(f, x)
+    report = raggedfn.map_report(f, x)  # traces f, then the general path
+    assert_same(report.output, want)
+    assert not report.fallback, str(report)
+    assert len(reads) == 1
+    for _ in range(2):  # the warm call: a new mask each call, read once
+        reads.clear()
+        assert_same(raggedfn.map(f, x), want)
+        assert len(reads) == 1
+
+
+def test_a_mask_changed_in_place_between_calls_is_read_again(monkeypatch):
+    reads = _count_mask_reads(monkeypatch)
+    lengths = (4, 2, 5, 3)  # (0 and 1 would run apart, on slices of the caller's mask)
+    x = tokens(lengths, seed=5)
+    mask = raggedfn.from_list(
+        [torch.ones(n, n, dtype=torch.bool) for n in lengths], ragged_dims=(1, 2)
+    )
+    for _ in range(2):  # the caller's mask: read at the first call only
+        reads.clear()
+        assert_same(raggedfn.map(_two_layers, x, mask), loop(_two_layers, x, mask))
+    assert not reads
+    mask.values[1] = False  # sample 0: query 0 no longer sees key 1
+    assert_same(raggedfn.map(_two_layers, x, mask), loop(_two_layers, x, mask))
+    assert len(reads) == 1
+
+
 @pytest.mark.filterwarnings(
     "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
     ":DeprecationWarning"

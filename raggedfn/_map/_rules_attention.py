@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .. import _prims
+from .._index import host_all
 from .._layout import Layout
 from .._prims._forward import compiled_transform
 from ._registry import rule
@@ -121,7 +122,8 @@ def _repeat_heads(ctx: Ctx, t: Any, shape_q: tuple[Any, ...], shape_t: tuple[Any
 
 
 def _masks_nothing(mask: Any) -> bool:
-    """A boolean mask that is True everywhere (eagerly, one host read): attention without
+    """A boolean mask that is True everywhere (eagerly, one host read per mask tensor:
+    every layer given the same mask reads it once, see ``host_all``): attention without
     it is the same computation. transformers 5.25 builds one for every sequence given
     ``position_ids`` (its packed-sequence mask, which its eager code drops when no
     sequence restarts but keeps while traced); without it the call takes the
@@ -138,7 +140,7 @@ def _masks_nothing(mask: Any) -> bool:
     if not isinstance(t, Tensor) or t.dtype != torch.bool:
         return False
     try:
-        return bool(t.all())
+        return host_all(t)
     except RuntimeError:  # a torch.vmap around map: its batched mask has no host value
         return False
 
