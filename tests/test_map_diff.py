@@ -96,6 +96,31 @@ def test_diff_gradients_equal_the_loop(which):
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize(
+    "f",
+    [
+        # the ragged axis at position 1 of the sample, sides of a fixed size per sample
+        pytest.param(
+            lambda t: torch.diff(t.T, dim=1, prepend=t.sum(0, keepdim=True).T), id="prepend"
+        ),
+        pytest.param(
+            lambda t: torch.diff(t.T, n=2, dim=-1, append=t.mean(0, keepdim=True).T * 2),
+            id="append",
+        ),
+    ],
+)
+def test_diff_with_a_per_sample_fixed_side_on_a_later_ragged_axis_equals_the_loop(f):
+    x = tokens((4, 1, 0, 3, 2))
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert not report.fallback, str(report)
+    values = x.values.clone().requires_grad_()
+    xv = x.with_values(values)
+    got = torch.autograd.grad(_loss(raggedfn.map(f, xv)), values)[0]
+    want = torch.autograd.grad(sum(_loss(o) for o in loop(f, xv)), values)[0]
+    torch.testing.assert_close(got, want)
+
+
 def test_diff_gradcheck_along_the_ragged_axis():
     x = tokens((3, 1, 0, 4), dim=2)
     f = lambda t: torch.diff(t, n=2, dim=0, prepend=t[:1] - 1)  # noqa: E731
@@ -247,6 +272,31 @@ def test_a_mask_changed_in_place_between_calls_is_read_again(monkeypatch):
     mask.values[1] = False  # sample 0: query 0 no longer sees key 1
     assert_same(raggedfn.map(_two_layers, x, mask), loop(_two_layers, x, mask))
     assert len(reads) == 1
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        pytest.param(lambda t: (t @ t.T) * 0.1, id="float-nonzero"),  # no zero: .all() is True
+        pytest.param(lambda t: (t @ t.T).clamp(min=0), id="float-zeros"),
+    ],
+)
+def test_attention_with_a_float_mask_is_not_dropped(mask):
+    # only a boolean mask that is True everywhere masks nothing; an additive float mask
+    # (non-zero everywhere or not) is added to the logits, as in the loop
+    def f(t):
+        q = t.reshape(t.shape[0], 2, D // 2).transpose(0, 1)[None]
+        return F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=mask(t))[0]
+
+    x = tokens((4, 1, 0, 6, 3), seed=5)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert not report.fallback, str(report)
+    values = x.values.clone().requires_grad_()
+    xv = x.with_values(values)
+    got = torch.autograd.grad(_loss(raggedfn.map(f, xv)), values)[0]
+    want = torch.autograd.grad(sum(_loss(o) for o in loop(f, xv)), values)[0]
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.filterwarnings(

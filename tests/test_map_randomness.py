@@ -113,3 +113,28 @@ def test_same_refuses_a_draw_whose_shape_is_a_ragged_size():
     x = raggedfn.from_list(_samples())
     with pytest.raises(RaggedError, match="randomness='same'"):
         raggedfn.map(lambda t: torch.rand(t.shape[0]), x, randomness="same")
+
+
+def test_different_draws_differ_across_plan_groups():
+    # "different": every sample its own numbers, also in another plan group (a group
+    # must not restart from the state the first one started from)
+    x = raggedfn.from_list(_samples())
+    torch.manual_seed(7)
+    got = raggedfn.map(_branches, x, randomness="different")
+    draws = [got[0] / 2] + [
+        (got[i] / 2 if LENGTHS[i] > 3 else got[i] + 1) for i in range(1, len(LENGTHS))
+    ]
+    for i in range(len(draws)):
+        for j in range(i):
+            assert not torch.equal(draws[i], draws[j]), (i, j)
+
+
+def test_same_leaves_an_uninitialised_cuda_alone(monkeypatch):
+    # the CUDA generators are saved only where CUDA is initialised: a CPU program's map
+    # must not initialise CUDA (get_rng_state_all would, on a machine with a GPU)
+    def refuse():
+        raise AssertionError("CUDA's generator states read while CUDA is not initialised")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", refuse)
+    _check_same(_branches)
