@@ -85,3 +85,35 @@ def test_results_without_elements_keep_the_autograd_history_of_the_loop(lengths)
     assert (g is None) == (g_ref is None)
     if g is not None:
         torch.testing.assert_close(g, g_ref)
+
+
+def _diff_of_four_rows_apart(t):
+    if t.shape[0] == 4:  # a guard Eq(s, 4): diff's rows are a fixed number there
+        return torch.diff(t, dim=0) * 2
+    return torch.diff(t, dim=0)
+
+
+def _diff_of_four_rows_apart_last(t):  # the ragged axis logically last, a prepend
+    if t.shape[0] == 4:
+        return torch.diff(t.T, n=2, dim=1, prepend=t[:1].T) * 2
+    return torch.diff(t.T, n=2, dim=1, prepend=t[:1].T)
+
+
+@pytest.mark.parametrize("f", [_diff_of_four_rows_apart, _diff_of_four_rows_apart_last])
+@pytest.mark.parametrize("lengths", [(4, 2, 4, 5, 4), (4, 4)])
+def test_diff_on_several_samples_whose_rows_a_python_branch_fixed_equals_the_loop(f, lengths):
+    # diff of the ragged input in the plan for 4 rows: its result has 3 or 4 rows per
+    # sample fixed by the guard (a dense axis), several samples there; each sample's rows
+    # stay together, as in the loop; values and float64 gradients
+    x = tokens(lengths)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.whole_loop is None and report.partial_loop is None, str(report)
+    assert not report.fallback, str(report)
+    values = x.values.detach().requires_grad_()
+    y = raggedfn.map(f, x.with_values(values))
+    ref = values.detach().requires_grad_()
+    pieces = [f(t) for t in ref.split(x.lengths.tolist())]
+    (g,) = torch.autograd.grad(y.values.square().sum(), values)
+    (g_ref,) = torch.autograd.grad(sum(p.square().sum() for p in pieces), ref)
+    torch.testing.assert_close(g, g_ref)
