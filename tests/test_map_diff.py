@@ -342,3 +342,48 @@ def test_compiled_attention_with_a_mask_runs_the_varlen_op_with_it():
 
 def _fields(x):
     return x.values, x.offsets, x.sizes
+
+
+@pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+def test_compiled_attention_with_a_mask_per_head_runs_the_pair_formulation():
+    # a boolean mask that differs between the heads does not fit the varlen op (one mask
+    # per sample, shared by the heads): the (query, key) pair formulation runs it, as the
+    # loop; the diagonal is always kept (q . q / 2 >= 0)
+    from torch._dynamo.utils import counters
+
+    def f(t):
+        q = t.reshape(t.shape[0], 2, D // 2).transpose(0, 1)[None]  # [1, H, N, Dh]
+        keep = (q @ (q * 0.5).transpose(-1, -2) >= 0) & _hf_mask(t)  # [1, H, N, N]
+        return F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=keep)[0]
+
+    layout = tokens((2,)).layout
+
+    def forward(values, offsets, sizes):
+        return raggedfn.map(f, raggedfn.Ragged(values, offsets, sizes, layout)).values
+
+    targets: set[str] = set()
+
+    def backend(gm, example_inputs):
+        from torch._dynamo.backends.debugging import aot_eager
+
+        targets.update(str(node.target) for node in gm.graph.nodes)
+        return aot_eager(gm, example_inputs)
+
+    forward(*_fields(tokens((5, 3), seed=4)))  # the eager trace of f
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(forward, fullgraph=True, dynamic=True, backend=backend)
+    for seed, lengths in enumerate([(6, 2, 4), (3, 7)]):
+        x = tokens(lengths, seed=seed)
+        values = x.values.clone().requires_grad_()
+        got = compiled(values, x.offsets, x.sizes)
+        want = loop(f, x.with_values(values))
+        torch.testing.assert_close(got, torch.cat([o.transpose(0, 1) for o in want]))
+        grad = torch.autograd.grad(_loss(got), values)[0]
+        expected = torch.autograd.grad(sum(_loss(o) for o in want), values)[0]
+        torch.testing.assert_close(grad, expected)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not any("varlen_attention" in t for t in targets), sorted(targets)
