@@ -121,6 +121,25 @@ def test_diff_with_a_per_sample_fixed_side_on_a_later_ragged_axis_equals_the_loo
     torch.testing.assert_close(got, want)
 
 
+def test_diff_along_a_dense_axis_with_a_shared_prepend_runs_per_sample_and_says_why():
+    # rows fixed by a Python branch (Eq(s, 3)) let a shared [3, 1] prepend fit; along a
+    # dense axis diff has no rule for a fixed-size side: the loop runs it, the report
+    # names the reason
+    shared = weights(3, 1, seed=5)
+
+    def f(t):
+        if t.shape[0] == 3:
+            return torch.diff(t, dim=1, prepend=shared)
+        return torch.diff(t, dim=1, prepend=t[:, :1])
+
+    x = tokens((3, 2, 3))
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fallback == {
+        "aten.diff.default": "diff with a fixed-size prepend or append along a dense axis"
+    }, str(report)
+
+
 def test_diff_gradcheck_along_the_ragged_axis():
     x = tokens((3, 1, 0, 4), dim=2)
     f = lambda t: torch.diff(t, n=2, dim=0, prepend=t[:1] - 1)  # noqa: E731
