@@ -192,3 +192,31 @@ def test_a_mask_of_the_wrong_size_is_refused():
             q.values, q.values, q.values, q.offsets, q.offsets, q.offsets, False, None,
             torch.ones(5, dtype=torch.bool),
         )  # fmt: skip
+
+
+def test_a_mask_true_everywhere_keeps_the_one_batched_call(monkeypatch):
+    """Equal lengths and a mask that masks nothing: no sample has a mask, so the one
+    batched kernel call runs (as without a mask), in values and gradients equal to
+    torch's SDPA on each sample without a mask."""
+    calls = []
+    real = _varlen._batched
+    monkeypatch.setattr(_varlen, "_batched", lambda *a: calls.append(1) or real(*a))
+    lengths = [4, 4, 4]
+    q, k, v = (packed(lengths, seed) for seed in (0, 1, 2))
+    mask = torch.ones(sum(n * n for n in lengths), dtype=torch.bool)
+    got = _prims.varlen_attention(
+        q.values, k.values, v.values, q.offsets, k.offsets, v.offsets, False, None, mask
+    )
+    assert calls, "the batched kernel call did not run"
+    want = reference(q, k, v, False)
+    torch.testing.assert_close(got, want)
+    cotangent = torch.randn_like(got)
+    leaves = [q.values, k.values, v.values]
+    calls.clear()
+    for g, w in zip(
+        torch.autograd.grad(got, leaves, cotangent),
+        torch.autograd.grad(want, leaves, cotangent),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, w)
+    assert calls, "the batched backward call did not run"
