@@ -296,6 +296,35 @@ def test_a_mask_changed_in_place_between_calls_is_read_again(monkeypatch):
 @pytest.mark.parametrize(
     "mask",
     [
+        pytest.param(lambda t: torch.ones((1, 1), dtype=torch.bool), id="shared"),
+        pytest.param(lambda t: (t.sum() == t.sum())[None, None], id="per-sample-fixed"),
+    ],
+)
+def test_attention_with_a_true_mask_of_fixed_shape_takes_the_length_bucketed_kernels(
+    monkeypatch, mask
+):
+    # a boolean mask True everywhere that is shared or of a fixed shape per sample masks
+    # nothing either: dropped, the length-bucketed kernels run, equal to the loop
+    from raggedfn._map import _rules_attention
+
+    calls = []
+    real = _rules_attention._via_attention
+    monkeypatch.setattr(_rules_attention, "_via_attention", lambda *a: calls.append(1) or real(*a))
+
+    def f(t):
+        q = t.reshape(t.shape[0], 2, D // 2).transpose(0, 1)[None]
+        return F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=mask(t))[0]
+
+    x = tokens((4, 1, 0, 6, 3), seed=6)
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert not report.fallback, str(report)
+    assert calls, "the mask was not dropped"
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
         pytest.param(lambda t: (t @ t.T) * 0.1, id="float-nonzero"),  # no zero: .all() is True
         pytest.param(lambda t: (t @ t.T).clamp(min=0), id="float-zeros"),
     ],
