@@ -188,6 +188,19 @@ def test_an_index_past_a_sample_end_raises_naming_the_sample():
         raggedfn.map(lambda t: t[torch.tensor([0, 2])], tokens((3, 2, 4)))
 
 
+def test_an_index_before_a_ragged_axis_runs_per_sample_and_says_why():
+    # per-sample positions into the first axis of a pair state: its second, ragged axis
+    # comes after the indexed one; no rule for that, the loop runs it and the report
+    # names the reason
+    p = pairs((3, 2, 4))
+    f = lambda q: q[(q[:, 0, 0] > 0).long()]  # noqa: E731
+    report = raggedfn.map_report(f, p)
+    assert_same(report.output, loop(f, p))
+    assert report.fallback == {"aten.index.Tensor": "a ragged axis after the indexed axes"}, str(
+        report
+    )
+
+
 def test_index_gradients_equal_the_loop():
     x = tokens((4, 0, 1, 3))
     values = x.values.clone().requires_grad_()
