@@ -9,7 +9,14 @@ default). Systems, every one differentiating w.r.t. the input and every paramete
 - ``map compiled``: a function of the packed fields and the parameters calling that
   ``map``, under ``torch.compile(fullgraph=True, dynamic=True)`` (inductor);
 - ``raggedfn`` / ``raggedfn compiled``: the layer written with raggedfn's ops, eager and
-  compiled the same way (what compile gives without ``map`` in between).
+  compiled the same way (what compile gives without ``map`` in between);
+- ``padded`` / ``padded compiled``: plain torch on the zero-padded ``[B, N_max, D]`` batch
+  with a boolean key mask (``bert.layer_batched``), the packed rows scattered in and
+  gathered out: what compile and its first call cost without raggedfn at all.
+
+``--systems`` picks some of them (``map raggedfn padded``); run each alone, in its own
+process with its own empty ``TORCHINDUCTOR_CACHE_DIR``, for a cold first compile that
+shares no kernel with another system's.
 
 Each round runs every system once, in rotated order; the table gives the median and
 the minimum over rounds (on a loaded machine the minimum is the steadier estimate of a
@@ -26,6 +33,8 @@ Run: ``python -m benchmarks.compiled_layer [--scale mini] [--rounds 21] [--profi
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
 import warnings
@@ -53,6 +62,9 @@ PHASES = {
 }
 
 
+SYSTEMS = ("map", "raggedfn", "padded")
+
+
 def compile_phases() -> dict[str, float]:
     """Seconds per phase of the compiles so far (what ``compile_times`` prints, summed)."""
     times = torch._dynamo.utils.compilation_time_metrics
@@ -62,6 +74,10 @@ def compile_phases() -> dict[str, float]:
 def systems(scale: str, x: raggedfn.Ragged) -> dict[str, Callable[..., Tensor]]:
     heads = bert.SCALES[scale][2]
     layout = x.layout
+    batch, longest, dim = x.batch_size, int(x.lengths.max()), x.values.shape[-1]
+    keep = raggedfn.mask(x)  # [B, N_max] True at real tokens
+    rows = keep.reshape(-1).nonzero().squeeze(1)  # each packed row's place in [B * N_max]
+    key_mask = keep[:, None, None, :]
 
     def layer_sample(t: Tensor, p: dict[str, Tensor]) -> Tensor:
         return bert.layer_sample(t, p, heads)
@@ -75,7 +91,12 @@ def systems(scale: str, x: raggedfn.Ragged) -> dict[str, Callable[..., Tensor]]:
     ) -> Tensor:
         return bert.layer_ragged(raggedfn.Ragged(values, offsets, sizes, layout), p, heads).values
 
-    return {"map": mapped, "raggedfn": hand_written}
+    def padded(values: Tensor, offsets: Tensor, sizes: Tensor, p: dict[str, Tensor]) -> Tensor:
+        flat = values.new_zeros(batch * longest, dim).index_copy(0, rows, values)
+        y = bert.layer_batched(flat.view(batch, longest, dim), p, heads, key_mask)
+        return y.reshape(-1, dim).index_select(0, rows)
+
+    return {"map": mapped, "raggedfn": hand_written, "padded": padded}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,7 +111,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     x = raggedfn.from_lengths(values, torch.tensor(lengths))
     cotangent = torch.randn(sum(lengths), dim, generator=gen)
     leaves = [values, *params.values()]
-    fns = systems(args.scale, x)
+    fns = {name: fn for name, fn in systems(args.scale, x).items() if name in args.systems}
+    reference = systems(args.scale, x)["raggedfn"]
 
     def step(fn: Callable[..., Tensor]) -> float:
         start = time.perf_counter()
@@ -98,7 +120,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         torch.autograd.grad(out, leaves, cotangent)
         return time.perf_counter() - start
 
-    step(fns["map"])  # map's eager trace
+    if "map" in fns:
+        step(fns["map"])  # map's eager trace
     first: dict[str, float] = {}
     graphs: dict[str, int] = {}
     phases: dict[str, dict[str, float]] = {}
@@ -114,7 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with torch.no_grad():
             torch.testing.assert_close(
                 compiled(values, x.offsets, x.sizes, params),
-                fns["map"](values, x.offsets, x.sizes, params),
+                reference(values, x.offsets, x.sizes, params),
                 rtol=1e-4,
                 atol=1e-4,
             )
@@ -129,6 +152,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             times[name].append(step(fns[name]))
     record: dict[str, Any] = {
         "scale": args.scale,
+        "systems": list(args.systems),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average": [round(v, 2) for v in os.getloadavg()],
         "backend": args.backend,
         "lengths": lengths,
         "threads": args.threads,
@@ -140,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "min_ms": {n: round(min(t) * 1e3, 2) for n, t in times.items()},
         "compiled_over_eager": {},
     }
-    for name in ("map", "raggedfn"):
+    for name in args.systems:
         eager, compiled = times[name], times[f"{name} compiled"]
         record["compiled_over_eager"][name] = {
             "median_of_ratios": round(
@@ -171,10 +198,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend")
+    parser.add_argument("--json", help="write the record here")
+    parser.add_argument(
+        "--systems", nargs="+", default=["map", "raggedfn", "padded"], choices=SYSTEMS
+    )
     args = parser.parse_args(argv)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         record = run(args)
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(record, file, indent=1)
     print(f"{args.scale} layer, lengths {record['lengths']}, {args.threads} thread(s)")
     print("| system | median ms | min ms |\n|---|---|---|")
     for name, ms in record["median_ms"].items():

@@ -36,7 +36,7 @@ Each round runs every system once, back to back, in this process; the speedup is
 the median of the per-round ratios to ``padded``. One thread by default.
 
 Run: ``python -m benchmarks.hf_bert [--layers 2] [--batch 8] [--max-len 256]
-[--rounds 5] [--threads 1] [--no-compiled]``; prints a markdown table (and ``--json
+[--rounds 5] [--threads 1] [--no-compiled] [--compile map+ids ...]``; prints a markdown table (and ``--json
 PATH`` writes the record).
 """
 
@@ -123,6 +123,9 @@ def systems(model: Any, ids: Tensor, mask: Tensor) -> dict[str, Callable[[], Ten
     return {"padded": padded, "map": mapped, "map+ids": mapped_ids}
 
 
+COMPILED = ("padded", "map", "map+ids")
+
+
 def compiled_systems(
     model: Any, ids: Tensor, mask: Tensor, backend: str = "inductor"
 ) -> dict[str, Callable[[], Tensor]]:
@@ -202,7 +205,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         check_agreement(fns)  # (and traces map's per-sample functions eagerly)
         if args.compiled:
             torch._dynamo.reset()
-            compiled = compiled_systems(model, ids, mask)
+            compiled = {
+                name: fn
+                for name, fn in compiled_systems(model, ids, mask, args.backend).items()
+                if name.removesuffix(" compiled") in args.compile
+            }
             cotangent = torch.randn(int(lengths.sum()), model.config.hidden_size)
             for name, fn in compiled.items():  # first call: compile forward and backward
                 compile_seconds[name] = step(model, fn, cotangent)
@@ -312,6 +319,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=True,
         help="also time each system under torch.compile(fullgraph=True)",
     )
+    parser.add_argument(
+        "--compile",
+        nargs="+",
+        default=list(COMPILED),
+        choices=COMPILED,
+        help="which systems --compiled compiles (one alone, in its own process with an "
+        "empty TORCHINDUCTOR_CACHE_DIR, for a cold first compile)",
+    )
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend")
     parser.add_argument("--json", help="write the record here")
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else []

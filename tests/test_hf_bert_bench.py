@@ -64,3 +64,12 @@ def test_compiled_systems_equal_the_padded_model():
     for name in compiled:
         for got, expected in zip(grads[name], grads["padded"], strict=True):
             torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_compiles_only_the_systems_asked_for():
+    torch._dynamo.reset()
+    args = ["--layers", "1", "--hidden", "32", "--heads", "4", "--batch", "3", "--max-len", "16"]
+    record = hf_bert.main([*args, "--rounds", "1", "--backend", "aot_eager", "--compile", "map"])
+    assert set(record["compile_seconds"]) == {"map compiled"}
+    assert set(record["compiled_over_eager"]) == {"map compiled"}
+    assert set(record["median_ms"]) == {"padded", "map", "map+ids", "map compiled"}

@@ -37,8 +37,26 @@ def test_compiled_layer_checks_and_times_every_system_with_one_graph_each():
     torch._dynamo.reset()
     args = ["--scale", "tiny", "--batch", "3", "--length-scale", "0.1", "--rounds", "1"]
     record = compiled_layer.main([*args, "--backend", "eager"])
-    systems = {"map", "map compiled", "raggedfn", "raggedfn compiled"}
-    assert set(record["median_ms"]) == systems
-    assert set(record["compiled_over_eager"]) == {"map", "raggedfn"}
-    assert set(record["first_call_s"]) == {"map", "raggedfn"}
-    assert record["graphs"] == {"map": 1, "raggedfn": 1}  # fullgraph, no recompile
+    names = {"map", "raggedfn", "padded"}
+    assert set(record["median_ms"]) == names | {f"{name} compiled" for name in names}
+    assert set(record["compiled_over_eager"]) == names
+    assert set(record["first_call_s"]) == names
+    assert record["graphs"] == {"map": 1, "raggedfn": 1, "padded": 1}  # fullgraph, no recompile
+
+
+def test_compiled_layer_runs_the_systems_asked_for_and_checks_the_padded_one(monkeypatch):
+    torch._dynamo.reset()
+    args = ["--scale", "tiny", "--batch", "3", "--length-scale", "0.1", "--rounds", "1"]
+    record = compiled_layer.main([*args, "--backend", "eager", "--systems", "padded"])
+    assert set(record["median_ms"]) == {"padded", "padded compiled"}
+    assert record["systems"] == ["padded"]
+
+    real = compiled_layer.bert.layer_batched
+
+    def wrong(x, p, heads, mask):  # the padded keys not masked
+        return real(x, p, heads, None)
+
+    monkeypatch.setattr(compiled_layer.bert, "layer_batched", wrong)
+    torch._dynamo.reset()
+    with pytest.raises(AssertionError):
+        compiled_layer.main([*args, "--backend", "eager", "--systems", "padded"])

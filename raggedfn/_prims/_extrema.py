@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._forward import call
+from ._forward import call, plain_eager
 from ._segment import _column, broadcast, segment_sum
 
 
@@ -98,6 +98,8 @@ class _SegmentExtremum(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None]:
         values, segments, extremum = ctx.saved_tensors
+        if not torch.is_grad_enabled() and plain_eager() and _reusable(values, grad):
+            return _first_order_share(values, segments, extremum, grad), None, None, None
         # Plain equality, as torch.amax's rule: a NaN extremum gets no gradient
         # (isnan over every row would double the cost of this backward).
         hit = (values == broadcast(extremum, segments)).to(grad.dtype)
@@ -105,6 +107,23 @@ class _SegmentExtremum(torch.autograd.Function):
         # An empty segment has no tie and no row to receive its gradient.
         share = grad / torch.where(ties > 0, ties, torch.ones_like(ties))
         return broadcast(share, segments) * hit, None, None, None
+
+
+def _reusable(values: Tensor, grad: Tensor) -> bool:
+    """The gathered extremum's buffer can hold the tie pattern in ``grad``'s dtype."""
+    return values.dtype == grad.dtype and values.dtype.is_floating_point
+
+
+def _first_order_share(values: Tensor, segments: Tensor, extremum: Tensor, grad: Tensor) -> Tensor:
+    """The backward above in two ``[T, *rest]`` buffers instead of five (a first-order
+    backward records no graph, so its fresh buffers are written in place): the gathered
+    extremum becomes the tie pattern, the gathered share is scaled by it. The same
+    kernels on the same values in the same order: bit-identical to the general rule."""
+    hit = broadcast(extremum, segments)  # fresh [T, *rest]
+    hit.eq_(values)  # 1.0 where the row attains its segment's extremum, else 0.0
+    ties = segment_sum(hit, segments, extremum.shape[0])
+    share = grad / ties.masked_fill_(ties == 0, 1)  # an empty segment: no row to receive it
+    return broadcast(share, segments).mul_(hit)
 
 
 class _SegmentExtremumJvp(_SegmentExtremum):
