@@ -39,6 +39,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,7 +47,7 @@ from torch import Tensor
 from torch._dynamo.utils import counters
 
 import raggedfn
-from benchmarks import bert
+from benchmarks import bert, plots
 from benchmarks._cases import DISTRIBUTIONS
 
 # what a first compile spends its time on (names of torch._dynamo.utils.compile_times())
@@ -189,6 +190,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return record
 
 
+# what each run measures per system (merged by system into an earlier record of the same case)
+PER_SYSTEM = ("first_call_s", "graphs", "compile_phases_s", "compiled_over_eager")
+PER_STEP = ("median_ms", "min_ms")
+
+
+def write(record: dict[str, Any], path: Path) -> None:
+    """Write ``record`` to ``path`` and its plot beside it. A record already there for the
+    same case (scale, lengths, threads, backend) keeps its other systems: run each system
+    alone, in its own process with an empty inductor cache, into one file. Ratios are
+    within one run (a system against itself eager); times across runs are not side by
+    side."""
+    case = ("scale", "lengths", "threads", "backend")
+    if path.exists():
+        old = json.loads(path.read_text())
+        if all(old.get(key) == record[key] for key in case):
+            runs = [r for r in old.get("runs", [old]) if r["systems"] != record["systems"]]
+            merged = dict(old)
+            merged["runs"] = [*runs, {k: v for k, v in record.items() if k != "runs"}]
+            merged["systems"] = list(dict.fromkeys(s for r in merged["runs"] for s in r["systems"]))
+            for key in (*PER_SYSTEM, *PER_STEP):
+                merged[key] = {k: v for r in merged["runs"] for k, v in r[key].items()}
+            record = merged
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    plots.plot_compiled_layer(record, path.with_suffix(".png"))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="mini", choices=["tiny", "mini", "small"])
@@ -207,8 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         record = run(args)
     if args.json:
-        with open(args.json, "w") as file:
-            json.dump(record, file, indent=1)
+        write(record, Path(args.json))
     print(f"{args.scale} layer, lengths {record['lengths']}, {args.threads} thread(s)")
     print("| system | median ms | min ms |\n|---|---|---|")
     for name, ms in record["median_ms"].items():

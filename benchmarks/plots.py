@@ -156,6 +156,20 @@ def plot_bert_full(record: dict[str, Any], path: Path) -> bool:
     )  # fmt: skip
 
 
+def plot_compiled_layer(record: dict[str, Any], path: Path) -> bool:
+    groups = {
+        system: {
+            "median of per-round ratios": ratios["median_of_ratios"],
+            "ratio of minima": ratios["ratio_of_minima"],
+        }
+        for system, ratios in record["compiled_over_eager"].items()
+    }
+    return write_bars(
+        path, f"One BERT layer ({record['scale']}), fwd+bwd: compiled over eager", groups,
+        "speedup of compile", target=1.3, log=False,
+    )  # fmt: skip
+
+
 def plot_distributed(record: dict[str, Any], path: Path) -> bool:
     from benchmarks import distributed
 
@@ -180,6 +194,7 @@ PLOTTERS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "map_bert": plot_map_bert,
     "map_retrace": plot_map_retrace,
     "bert_full": plot_bert_full,
+    "compiled_layer": plot_compiled_layer,
 }
 
 

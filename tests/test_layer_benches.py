@@ -3,6 +3,8 @@ the systems they time against each other first."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -60,3 +62,35 @@ def test_compiled_layer_runs_the_systems_asked_for_and_checks_the_padded_one(mon
     torch._dynamo.reset()
     with pytest.raises(AssertionError):
         compiled_layer.main([*args, "--backend", "eager", "--systems", "padded"])
+
+
+def _record(system: str, ratio: float, lengths: list[int]) -> dict:
+    return {
+        "scale": "tiny",
+        "lengths": lengths,
+        "threads": 1,
+        "backend": "inductor",
+        "systems": [system],
+        "first_call_s": {system: 20.0},
+        "graphs": {system: 1},
+        "compile_phases_s": {system: {"total": 20.0}},
+        "compiled_over_eager": {system: {"median_of_ratios": ratio, "ratio_of_minima": ratio}},
+        "median_ms": {system: 2.0, f"{system} compiled": 2.0 / ratio},
+        "min_ms": {system: 1.0, f"{system} compiled": 1.0 / ratio},
+    }
+
+
+def test_compiled_layer_records_of_one_case_merge_by_system(tmp_path):
+    path = tmp_path / "compiled_layer-tiny.json"
+    compiled_layer.write(_record("padded", 0.9, [3, 5]), path)
+    compiled_layer.write(_record("map", 1.1, [3, 5]), path)
+    compiled_layer.write(_record("map", 1.2, [3, 5]), path)  # a rerun replaces its run
+    record = json.loads(path.read_text())
+    assert record["systems"] == ["padded", "map"] and len(record["runs"]) == 2
+    assert record["compiled_over_eager"]["padded"]["median_of_ratios"] == 0.9
+    assert record["compiled_over_eager"]["map"]["median_of_ratios"] == 1.2
+    assert set(record["median_ms"]) == {"padded", "padded compiled", "map", "map compiled"}
+    compiled_layer.write(_record("raggedfn", 0.8, [4, 4]), path)  # another case: replaced
+    assert json.loads(path.read_text())["systems"] == ["raggedfn"]
+    pytest.importorskip("matplotlib")
+    assert path.with_suffix(".png").exists()
