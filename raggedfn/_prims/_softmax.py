@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .._index import host_bounds
 from ._extrema import _reduce, identity
-from ._forward import call
+from ._forward import call, plain_eager
 from ._segment import broadcast, segment_counts, segment_sum
 
 
@@ -137,6 +137,24 @@ def _log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
     return shifted - broadcast(torch.log(total), segments)
 
 
+# A first-order backward (no graph recorded, plain eager) writes its result into a fresh
+# buffer of its own instead of one per operation: two [T, *rest] buffers where the
+# general rules below make four, the same operations on the same values in the same
+# order (bit for bit). Multi-MiB buffers are fresh pages at every call under glibc's
+# defaults (docs/benchmarks.md, Method).
+
+
+def _first_order_softmax(grad: Tensor, out: Tensor, gathered: Tensor) -> Tensor:
+    """``out * (grad - gathered)`` in ``gathered``'s fresh buffer."""
+    return torch.sub(grad, gathered, out=gathered).mul_(out)
+
+
+def _first_order_log_softmax(grad: Tensor, out: Tensor, gathered: Tensor) -> Tensor:
+    """``grad - exp(out) * gathered`` in ``exp(out)``'s buffer."""
+    scaled = torch.exp(out).mul_(gathered)
+    return torch.sub(grad, scaled, out=scaled)
+
+
 class _SegmentSoftmax(torch.autograd.Function):
     generate_vmap_rule = True
 
@@ -173,6 +191,8 @@ class _SegmentSoftmax(torch.autograd.Function):
                     )
             return result, None, None, None
         inner = segment_sum(grad * out, segments, ctx.num_segments)
+        if not torch.is_grad_enabled() and plain_eager():
+            return _first_order_softmax(grad, out, broadcast(inner, segments)), None, None, None
         return out * (grad - broadcast(inner, segments)), None, None, None
 
 
@@ -208,6 +228,8 @@ class _SegmentLogSoftmax(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         out, segments = ctx.saved_tensors
         total = segment_sum(grad, segments, ctx.num_segments)
+        if not torch.is_grad_enabled() and plain_eager():
+            return _first_order_log_softmax(grad, out, broadcast(total, segments)), None, None
         return grad - torch.exp(out) * broadcast(total, segments), None, None
 
 
