@@ -121,7 +121,7 @@ SLICES = {
         ),
     ),
     "map": Slice(
-        ("raggedfn/_map/*",),
+        ("raggedfn/_map/*", "raggedfn/_map/*/*"),  # the sub-packages, whatever * crosses
         ("raggedfn._map.",),
         (
             "tests/test_map.py",
