@@ -31,8 +31,8 @@ import raggedfn
 from benchmarks import plots
 from benchmarks._standalone import cli, header
 from benchmarks.harness import DISTRIBUTIONS
-from raggedfn._map import _cache
-from raggedfn._map import _lookup as map_lookup
+from raggedfn._map.caching import _cache
+from raggedfn._map.caching import _lookup as map_lookup
 
 D_MODEL, HEADS, FF = 256, 4, 1024
 
@@ -70,10 +70,10 @@ def lookup_cost(f: Any, x: raggedfn.Ragged, params: dict[str, torch.Tensor]) -> 
     """Median microseconds of a warm cache lookup of ``map`` and of the dependency
     check inside it (what f reads: module flags, numbers, the captured tensors)."""
     args = (x, params)
-    dims, leaves, treespec, kinds, _ = map_lookup._prepare("map", args, (0, None))
-    map_lookup._lookup(f, leaves, kinds, treespec, dims)
-    variant, _, _, _ = map_lookup._lookup(f, leaves, kinds, treespec, dims)
-    roots = [r for r, _ in map_lookup._roots(f, leaves, kinds)]
+    dims, leaves, treespec, kinds, _ = map_lookup.prepare("map", args, (0, None))
+    map_lookup.lookup(f, leaves, kinds, treespec, dims)
+    variant, _, _, _ = map_lookup.lookup(f, leaves, kinds, treespec, dims)
+    roots = [r for r, _ in map_lookup.roots_of(f, leaves, kinds)]
     lifted: list[Any] = [None] * len(variant.deps.lifted)
 
     def per_call(run: Callable[[], Any], count: int = 200) -> float:
@@ -85,7 +85,7 @@ def lookup_cost(f: Any, x: raggedfn.Ragged, params: dict[str, torch.Tensor]) -> 
             samples.append((time.perf_counter() - start) / count * 1e6)
         return statistics.median(samples)
 
-    lookup = per_call(lambda: map_lookup._lookup(f, leaves, kinds, treespec, dims))
+    lookup = per_call(lambda: map_lookup.lookup(f, leaves, kinds, treespec, dims))
     check = per_call(lambda: variant.deps.check(*roots, lifted))
     return lookup, check
 

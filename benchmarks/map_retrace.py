@@ -25,7 +25,7 @@ import torch
 import raggedfn
 from benchmarks import plots
 from benchmarks._standalone import cli, header
-from raggedfn._map import _cache
+from raggedfn._map.caching import _cache
 
 
 def _tokens(batch: int, dim: int, seed: int) -> raggedfn.Ragged:
@@ -93,7 +93,7 @@ class EncoderLoop:
                 v.sub_(0.01 * grads[k])
 
     def traces(self) -> int:
-        entry = _cache._CACHE.get(self.lam)
+        entry = _cache.CACHE.get(self.lam)
         return 0 if entry is None else entry.traces
 
 

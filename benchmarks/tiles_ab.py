@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from benchmarks._cases import Missing, load_suite
-from raggedfn._map import _blocks, _tiles
+from raggedfn._map.running import _blocks, _tiles
 
 OTHERS = ("loop", "nested", "danling")
 

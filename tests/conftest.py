@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from raggedfn._map import _warm
+from raggedfn._map.caching import _warm
 
 
 @pytest.fixture

@@ -121,7 +121,7 @@ SLICES = {
         ),
     ),
     "map": Slice(
-        ("raggedfn/_map/*",),
+        ("raggedfn/_map/*", "raggedfn/_map/*/*"),  # the sub-packages, whatever * crosses
         ("raggedfn._map.",),
         (
             "tests/test_map.py",
@@ -135,7 +135,7 @@ SLICES = {
             "tests/test_map_chunks.py",
             "tests/test_nested_map.py",
             # the warm call's shortcuts and their ways back (_warm.py, _prepared.py,
-            # _same_rows, make_ctx's memo) are forced only here
+            # same_rows, make_ctx's memo) are forced only here
             "tests/test_map_warm_call.py",
             "tests/test_map_prepared.py",
             # pair blocks (_blocks.py) and the interpreter shortcuts (added 2026-12-03)

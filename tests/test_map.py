@@ -902,4 +902,4 @@ def test_an_explicit_generator_made_inside_f_runs_per_sample():
     for _ in range(2):
         with pytest.warns(RaggedPerformanceWarning, match="Generator"):
             assert_same(raggedfn.map(f, x), loop(f, x))
-        raggedfn._map._cache.clear()
+        raggedfn._map.caching._cache.clear()

@@ -1,4 +1,4 @@
-"""raggedfn.map on pair states run per sample on row blocks (raggedfn/_map/_blocks.py).
+"""raggedfn.map on pair states run per sample on row blocks (raggedfn/_map/running/_blocks.py).
 
 Every function is compared with the per-sample loop, values and gradients, float64,
 with blocks small enough that every sample of more than a row or two is cut."""
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import raggedfn
 from property_tests.reference import assert_same, loop
-from raggedfn._map import _blocks
+from raggedfn._map.running import _blocks
 from tests.test_map_chunks import LENGTHS, C, block, params, tokens
 
 BIG = 1 << 40  # chunk_elements: one group of samples
@@ -69,7 +69,7 @@ def _flat(out):
 
 @pytest.fixture(params=[16, 100, 1 << 18], ids=["16", "100", "default"])
 def tile(request, monkeypatch):
-    from raggedfn._map import _tiles
+    from raggedfn._map.running import _tiles
 
     monkeypatch.setattr(_blocks, "TILE_ELEMENTS", request.param)
     monkeypatch.setattr(_blocks, "MIN_FILL", BIG)  # blocks for samples of any size
@@ -155,7 +155,7 @@ def test_cross_pairs_on_row_blocks_equal_the_loop(tile):
 
 
 def test_row_blocks_gradcheck(monkeypatch):
-    from raggedfn._map import _tiles
+    from raggedfn._map.running import _tiles
 
     monkeypatch.setattr(_blocks, "TILE_ELEMENTS", 30)
     monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)
@@ -241,7 +241,7 @@ def test_blocks_over_samples_without_rows_keep_the_autograd_link(monkeypatch):
 def test_blocks_refused_for_small_samples_leave_the_chain_to_the_flat_tiles(monkeypatch):
     """Samples below MIN_FILL: the block refuses before running anything and the same
     chain runs on flat row tiles (``_interpret``'s fallthrough), equal to the loop."""
-    from raggedfn._map import _tiles
+    from raggedfn._map.running import _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 100)  # flat tiles of a few rows
     monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 import raggedfn
 from property_tests.reference import assert_same, loop
-from raggedfn._map import _cache, _signature, _warm
+from raggedfn._map.caching import _cache, _warm
+from raggedfn._map.tracing import _signature
 from tests.test_map import D, tokens, weights
 
 

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 import raggedfn
 from property_tests.reference import assert_same, loop
 from raggedfn import RaggedError
-from raggedfn._map import _chunked, _interpret, _warm
-from raggedfn._map._chunks import group_bounds
+from raggedfn._map.caching import _warm
+from raggedfn._map.running import _chunked, _interpret
+from raggedfn._map.running._chunks import group_bounds
 
 C = 4
 LENGTHS = (3, 0, 5, 1, 7, 2, 6, 4)
@@ -195,7 +196,7 @@ def test_last_uses():
     outputs and values an in-place op rebinds."""
     from types import SimpleNamespace as NS
 
-    from raggedfn._map._steps import Ref
+    from raggedfn._map.base._steps import Ref
 
     steps = [
         NS(args=(Ref(0), Ref(1)), kwargs={}, rebind=None),  # 2 = f(0, 1)
@@ -238,7 +239,7 @@ def captured(s):
 @pytest.mark.parametrize("fn", [block, captured], ids=["block", "captured"])
 @pytest.mark.parametrize("tile", [16, 100])
 def test_row_tiles_equal_the_loop_in_values_and_gradients(monkeypatch, fn, tile):
-    from raggedfn._map import _blocks, _tiles
+    from raggedfn._map.running import _blocks, _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", tile)
     monkeypatch.setattr(_blocks, "ENABLED", False)
@@ -278,7 +279,7 @@ def test_row_tiles_equal_the_loop_in_values_and_gradients(monkeypatch, fn, tile)
 
 
 def test_row_tiles_gradcheck(monkeypatch):
-    from raggedfn._map import _blocks, _tiles
+    from raggedfn._map.running import _blocks, _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 24)
     monkeypatch.setattr(_blocks, "ENABLED", False)
@@ -298,7 +299,7 @@ def test_row_tiles_gradcheck(monkeypatch):
 def test_small_calls_skip_the_per_sample_costs(monkeypatch):
     """sum N_i^2 <= (sum N_i)^2: a batch whose bound fits the budget is one group
     without evaluating per-sample sizes; one over it still groups by cost."""
-    from raggedfn._map import _chunks
+    from raggedfn._map.running import _chunks
 
     calls = []
     real = _chunks.sample_costs
@@ -344,7 +345,7 @@ def _no_whole_pair_state(report, ops):
 
 @pytest.mark.parametrize("tile", [16, 100, 1 << 18])
 def test_tiles_build_the_pair_state_from_its_rows(monkeypatch, tile):
-    from raggedfn._map import _blocks, _tiles
+    from raggedfn._map.running import _blocks, _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", tile)
     monkeypatch.setattr(_blocks, "ENABLED", False)
@@ -370,7 +371,7 @@ def test_tiles_build_the_pair_state_from_its_rows(monkeypatch, tile):
 
 
 def test_pair_state_tiles_gradcheck(monkeypatch):
-    from raggedfn._map import _blocks, _tiles
+    from raggedfn._map.running import _blocks, _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 40)
     monkeypatch.setattr(_blocks, "ENABLED", False)
@@ -387,7 +388,7 @@ def test_pair_state_tiles_gradcheck(monkeypatch):
 
 def test_tiles_are_not_used_when_every_tile_would_read_large_weights(monkeypatch):
     """Weights read again by every tile: the chain runs op by op (and equals the loop)."""
-    from raggedfn._map import _blocks, _tiles
+    from raggedfn._map.running import _blocks, _tiles
 
     monkeypatch.setattr(_blocks, "ENABLED", False)
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 100)  # < 8 x the 148 weight elements

@@ -234,11 +234,11 @@ def test_attention_with_transformers_packed_mask_equals_the_loop(monkeypatch, co
     # consecutive positions: the mask is True everywhere (transformers' eager code drops
     # it) and map runs the length-bucketed kernels; positions that restart inside a
     # sample: the (query, key) pair formulation with the mask
-    from raggedfn._map import _rules_attention
+    from raggedfn._map.rules import _attention as attention_rules
 
     calls = []
-    real = _rules_attention._via_attention
-    monkeypatch.setattr(_rules_attention, "_via_attention", lambda *a: calls.append(1) or real(*a))
+    real = attention_rules._via_attention
+    monkeypatch.setattr(attention_rules, "_via_attention", lambda *a: calls.append(1) or real(*a))
     f = _attention(consecutive)
     x = tokens((4, 1, 0, 6, 3), seed=3)
     report = raggedfn.map_report(f, x)
@@ -318,11 +318,11 @@ def test_attention_with_a_true_mask_of_fixed_shape_takes_the_length_bucketed_ker
 ):
     # a boolean mask True everywhere that is shared or of a fixed shape per sample masks
     # nothing either: dropped, the length-bucketed kernels run, equal to the loop
-    from raggedfn._map import _rules_attention
+    from raggedfn._map.rules import _attention as attention_rules
 
     calls = []
-    real = _rules_attention._via_attention
-    monkeypatch.setattr(_rules_attention, "_via_attention", lambda *a: calls.append(1) or real(*a))
+    real = attention_rules._via_attention
+    monkeypatch.setattr(attention_rules, "_via_attention", lambda *a: calls.append(1) or real(*a))
 
     def f(t):
         q = t.reshape(t.shape[0], 2, D // 2).transpose(0, 1)[None]

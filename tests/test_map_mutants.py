@@ -196,7 +196,7 @@ def _size_expressions():
 def test_size_expressions_evaluate_per_sample_as_sympy(expr):
     # map evaluates traced size expressions on [B] size tensors (and on Python ints
     # when a size is static): each sample's value is sympy's own for that sample
-    from raggedfn._map._sizes import compile_expr
+    from raggedfn._map.base._sizes import compile_expr
 
     firsts, seconds = [5, 2, 7, 4, 9, 1], [3, 2, 1, 4, 9, 5]
     fn = compile_expr(expr)
@@ -216,7 +216,7 @@ def test_size_expressions_evaluate_per_sample_as_sympy(expr):
 def test_a_zero_divisor_in_a_size_expression_divides_by_one():
     # guards such as Mod(s0, s0**2) are only meaningful for non-empty samples: with a
     # zero divisor map evaluates them as dividing by 1 (for tensors and Python ints)
-    from raggedfn._map._sizes import compile_expr
+    from raggedfn._map.base._sizes import compile_expr
 
     s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
     for expr, want in ((symfn.FloorDiv(s0, s1), [7, 3]), (symfn.Mod(s0, s1), [0, 1])):
@@ -320,7 +320,7 @@ CAPTURED = weights(D, 3, seed=6)
     ids=["chain_before_a_weight_read", "two_ops"],
 )
 def test_row_tiles_take_chains_of_three_row_local_ops(monkeypatch, f, tiled):
-    from raggedfn._map import _tiles
+    from raggedfn._map.running import _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 16)  # 4 rows of D = 4 per tile
     x = tokens()
@@ -536,7 +536,7 @@ def test_cat_along_the_ragged_axis_with_fixed_pieces_of_two_sizes():
 
 
 def test_row_tiles_of_featureless_rows(monkeypatch):
-    from raggedfn._map import _tiles
+    from raggedfn._map.running import _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 16)
     x = raggedfn.from_list([torch.zeros(n, 0, dtype=torch.float64) for n in (10, 9, 5)])
@@ -551,7 +551,7 @@ def test_row_tiles_of_featureless_rows(monkeypatch):
 def test_a_chain_reading_a_per_sample_dense_value_runs_step_by_step(monkeypatch):
     # tiles take ragged values of the chain's rows and shared weights; a per-sample
     # dense operand (t.sum(0), one row per sample) sends the chain back to the plain path
-    from raggedfn._map import _tiles
+    from raggedfn._map.running import _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 16)
     x = tokens((6, 0, 5, 7))

@@ -13,8 +13,10 @@ import torch
 import raggedfn
 from property_tests.reference import assert_same, loop
 from raggedfn import RaggedError, RaggedPerformanceWarning
-from raggedfn._map import _api, _cache, _interpret, _prepared, _warm
-from raggedfn._map._values import RaggedB
+from raggedfn._map.base._values import RaggedB
+from raggedfn._map.caching import _cache, _prepared, _warm
+from raggedfn._map.entry import _api
+from raggedfn._map.running import _interpret
 from tests.test_map_warm_call import tokens
 
 
@@ -28,8 +30,8 @@ def _fresh_cache() -> Any:
 def _both(f: Any, *args: Any, budget: int = 0) -> tuple[Any, Any]:
     """The general interpreter's and the prepared plan's answer on one warm context."""
     raggedfn.map(f, *args)
-    dims, leaves, treespec, kinds, batch = _api._prepare("map", args, 0)
-    variant, lifted, _, _ = _api._lookup(f, leaves, kinds, treespec, dims)
+    dims, leaves, treespec, kinds, batch = _api.prepare("map", args, 0)
+    variant, lifted, _, _ = _api.lookup(f, leaves, kinds, treespec, dims)
     plan = variant.plans[0]
     prep = _prepared.prepared(plan)
     assert prep is not None
@@ -126,7 +128,7 @@ def test_prepared_steps_take_run_steps_way_on_unexpected_operands():
 def test_plans_with_tiles_run_through_the_general_interpreter(took, monkeypatch):
     """Row tiles need the general loop; with ``chunk_elements=0`` (no tiles) the same plan
     runs prepared."""
-    from raggedfn._map import _blocks, _tiles
+    from raggedfn._map.running import _blocks, _tiles
     from tests.test_map_chunks import captured
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 16)
@@ -149,7 +151,7 @@ def test_plans_with_tiles_run_through_the_general_interpreter(took, monkeypatch)
 
 
 def _cache_plan(f: Any) -> Any:
-    (entry,) = [e for k, e in _cache._CACHE.items() if k is f.__code__]
+    (entry,) = [e for k, e in _cache.CACHE.items() if k is f.__code__]
     return entry.warm[0].plan
 
 
@@ -159,9 +161,9 @@ def test_plans_with_guards_are_not_remembered(took):
     for _ in range(2):
         assert_same(raggedfn.map(f, x), loop(f, x))
     assert took == [False, False]
-    assert not _prepared.eligible(_api._lookup(f, *_prep(x))[0].plans[0])
+    assert not _prepared.eligible(_api.lookup(f, *_prep(x))[0].plans[0])
 
 
 def _prep(x: Any) -> tuple[Any, ...]:
-    dims, leaves, treespec, kinds, _ = _api._prepare("map", (x,), 0)
+    dims, leaves, treespec, kinds, _ = _api.prepare("map", (x,), 0)
     return leaves, kinds, treespec, dims

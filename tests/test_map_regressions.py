@@ -808,7 +808,7 @@ def test_19_torch_guards_against_empty_samples_hold_them_under_compile():
 
 def test_19_a_part_of_no_samples_does_not_make_a_merged_axis_ragged():
     """merge: sizes come from the parts that have samples (an empty part has none)."""
-    from raggedfn._map._split import merge
+    from raggedfn._map.running._split import merge
 
     same = raggedfn.from_list([torch.ones(2, 3), torch.zeros(2, 3)])
     none = same[torch.zeros(0, dtype=torch.int64)]

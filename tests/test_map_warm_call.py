@@ -15,7 +15,9 @@ import torch
 import raggedfn
 from property_tests.reference import assert_same, loop, samples
 from raggedfn import RaggedError, RaggedPerformanceWarning
-from raggedfn._map import _api, _cache, _chunked
+from raggedfn._map.caching import _cache
+from raggedfn._map.entry import _api
+from raggedfn._map.running import _chunked
 
 
 def tokens(lengths: tuple[int, ...], width: int = 3, seed: int = 0, dtype=torch.float64):
@@ -36,8 +38,8 @@ def test_a_warm_call_skips_the_lookup_and_equals_the_loop(took, monkeypatch):
     x = tokens((3, 0, 5, 1))
     assert_same(raggedfn.map(f, x), loop(f, x))
     lookups = []
-    real = _api._lookup
-    monkeypatch.setattr(_api, "_lookup", lambda *a: lookups.append(1) or real(*a))
+    real = _api.lookup
+    monkeypatch.setattr(_api, "lookup", lambda *a: lookups.append(1) or real(*a))
     before = raggedfn.map_cache_info(f).hits
     for seed in (1, 2):  # new values and new lengths: the same key
         y = tokens((2, 4, 0), seed=seed)
@@ -319,7 +321,7 @@ def test_evicted_variants_are_forgotten(monkeypatch):
     f = lambda t: t * 2  # noqa: E731
     x, y = tokens((2, 3)), tokens((2, 3), width=4)
     raggedfn.map(f, x)
-    (entry,) = [e for k, e in _cache._CACHE.items() if k is f.__code__]
+    (entry,) = [e for k, e in _cache.CACHE.items() if k is f.__code__]
     assert len(entry.warm) == 1
     raggedfn.map(f, y)
     assert [m.variant for m in entry.warm] == entry.variants

@@ -1,7 +1,7 @@
 """The warm-call shortcuts of ``raggedfn.map`` (issue #18, per-call overhead), each forced
 and compared with the per-sample loop, and each one's way back to the general path:
 
-* ``_prepare``: arguments that are all ``Ragged`` values or plain tensors;
+* ``prepare``: arguments that are all ``Ragged`` values or plain tensors;
 * ``make_ctx``: the placeholders' static parts remembered per plan;
 * the pointwise rule: operands already in the result's layout and partition run as they
   are (``_same_rows``), anything else broadcasts through ``align``;
@@ -19,9 +19,12 @@ import torch
 import raggedfn
 from property_tests.reference import assert_same, loop
 from raggedfn import RaggedError
-from raggedfn._map import _api, _fallback, _interpret, _lookup, _rules_pointwise
-from raggedfn._map._sizes import Sz
-from raggedfn._map._values import Ctx, RaggedB, Struct
+from raggedfn._map.base._sizes import Sz
+from raggedfn._map.base._values import Ctx, RaggedB, Struct
+from raggedfn._map.caching import _lookup
+from raggedfn._map.entry import _api
+from raggedfn._map.rules import _pointwise
+from raggedfn._map.running import _fallback, _interpret
 
 
 def tokens(lengths: tuple[int, ...], width: int = 3, seed: int = 0) -> raggedfn.Ragged:
@@ -63,8 +66,8 @@ def _twice(f: Any, *args: Any, **kwargs: Any) -> Any:
     ],
 )
 def test_pointwise_same_rows_shortcut_equals_the_loop(f, fast, monkeypatch):
-    took = _count(monkeypatch, _rules_pointwise, "_same_rows")
-    aligned = _count(monkeypatch, _rules_pointwise, "align")
+    took = _count(monkeypatch, _pointwise, "same_rows")
+    aligned = _count(monkeypatch, _pointwise, "align")
     x = tokens((3, 0, 5, 1))
     for out in _twice(f, x):
         assert_same(out, loop(f, x))
@@ -76,8 +79,8 @@ def test_pointwise_same_rows_shortcut_equals_the_loop(f, fast, monkeypatch):
 def test_two_inputs_of_one_size_class_broadcast_through_align(monkeypatch):
     """Equal lengths share a size symbol but not a partition object: the second operand
     is gathered to the first's rows by the general path (still the loop's answer)."""
-    took = _count(monkeypatch, _rules_pointwise, "_same_rows")
-    aligned = _count(monkeypatch, _rules_pointwise, "align")
+    took = _count(monkeypatch, _pointwise, "same_rows")
+    aligned = _count(monkeypatch, _pointwise, "align")
     x, y = tokens((3, 0, 2), seed=1), tokens((3, 0, 2), seed=2)
     f = lambda a, b: a * b + a  # noqa: E731
     for out in _twice(f, x, y):
@@ -89,7 +92,7 @@ def test_two_inputs_of_one_size_class_broadcast_through_align(monkeypatch):
 def test_pointwise_shortcut_refuses_other_layouts_and_keywords(monkeypatch):
     """A transposed operand (same sizes, other layout) and a keyword operand go through
     align; a pair state's two ragged axes take the shortcut where they line up."""
-    took = _count(monkeypatch, _rules_pointwise, "_same_rows")
+    took = _count(monkeypatch, _pointwise, "same_rows")
     pairs = raggedfn.from_list(
         [torch.randn(n, n, dtype=torch.float64) for n in (2, 0, 3)], ragged_dims=(1, 2)
     )
@@ -110,31 +113,31 @@ def test_same_rows_memo_is_checked_against_each_operand():
     """The remembered (layout code, sizes) of a step only skips ``lines_up`` for the very
     same sizes tuple; another tuple is checked afresh, a misfit refused."""
     x = tokens((2, 3))
-    dims, leaves, treespec, kinds, batch = _api._prepare("map", (x,), 0)
+    dims, leaves, treespec, kinds, batch = _api.prepare("map", (x,), 0)
     f = lambda t: t * 2  # noqa: E731
-    variant, lifted, _, _ = _api._lookup(f, leaves, kinds, treespec, dims)
+    variant, lifted, _, _ = _api.lookup(f, leaves, kinds, treespec, dims)
     plan = variant.plans[0]
     ctx, inputs = _interpret.make_ctx(plan, leaves, batch, x.values.device, lifted)
     (step,) = plan.steps
     a = inputs[0]
-    assert _rules_pointwise._same_rows(ctx, step, (a, 2)) is a
+    assert _pointwise.same_rows(ctx, step, (a, 2)) is a
     assert step._same_rows[1] is a.sz
     # the same sizes tuple and partition in a layout of another rank: lines_up refuses it
     # (the memo holds a.sz: it is only taken for the same layout code too)
     wide = raggedfn.from_lengths(torch.zeros(5, 3, 1), torch.tensor([2, 3])).layout
     d = RaggedB(a.values[..., None], wide, a.sz, a.struct)
-    assert _rules_pointwise._same_rows(ctx, step, (d, 2)) is None
-    assert _rules_pointwise._same_rows(ctx, step, (a, 2)) is a
+    assert _pointwise.same_rows(ctx, step, (d, 2)) is None
+    assert _pointwise.same_rows(ctx, step, (a, 2)) is a
     # a value with a size of another symbol (same partition object): refused
     other = Sz("s_other", lambda env: env[next(iter(env))])
     b = RaggedB(a.values, a.layout, (other,), a.struct)
-    assert _rules_pointwise._same_rows(ctx, step, (b, 2)) is None
+    assert _pointwise.same_rows(ctx, step, (b, 2)) is None
     # another partition than the one ctx holds for the sizes: refused
     c = RaggedB(a.values, a.layout, a.sz, Struct(a.struct.sizes, a.struct.offsets, 5))
-    assert _rules_pointwise._same_rows(ctx, step, (c, 2)) is None
+    assert _pointwise.same_rows(ctx, step, (c, 2)) is None
     # a list operand or a one-element tensor that is not 0-d: refused
-    assert _rules_pointwise._same_rows(ctx, step, (a, [2])) is None
-    assert _rules_pointwise._same_rows(ctx, step, (a, torch.ones(1))) is None
+    assert _pointwise.same_rows(ctx, step, (a, [2])) is None
+    assert _pointwise.same_rows(ctx, step, (a, torch.ones(1))) is None
 
 
 @pytest.mark.parametrize(

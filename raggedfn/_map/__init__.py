@@ -1,7 +1,13 @@
-"""raggedfn.map: run a per-sample function over a packed batch."""
+"""raggedfn.map: run a per-sample function over a packed batch.
 
-from ._api import map, map_cache_info, map_report
-from ._cache import CacheInfo
-from ._report import MapReport
+Sub-packages by phase, each importing only the ones named before it here: ``base`` (values,
+sizes, plan steps, the rule registry), ``rules`` (batching rules), ``tracing`` (f into a
+plan), ``running`` (a plan on a batch), ``caching`` (plans per signature, the warm path),
+``entry`` (the public entry points).
+"""
+
+from .base import MapReport
+from .caching import CacheInfo
+from .entry import map, map_cache_info, map_report
 
 __all__ = ["CacheInfo", "MapReport", "map", "map_cache_info", "map_report"]

@@ -1,0 +1,202 @@
+"""The trace cache of ``raggedfn.map``: keyed by what ``f`` is, guarded by what it reads.
+
+A cache entry belongs to ``f``'s code (a function re-created at every call, such
+as a lambda inside a loss, finds the same entry; a module or callable object
+finds the entry of its class). Inside an entry, *variants* hold traces for one
+input signature and one state of everything ``f`` reads besides its arguments
+(:mod:`._deps`): a variant is reused only when its compiled check passes, which
+also re-reads the tensors ``f`` captures. A variant holds up to
+:data:`MAX_PLANS` plans, traced on different example sizes: samples whose
+sizes fail every plan's guards get a new plan (or the per-sample loop).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import itertools
+import types
+from typing import Any, NamedTuple
+
+import torch
+
+from ..base._steps import Plan
+from ..tracing._deps import Deps
+
+MAX_FUNCTIONS = 256
+MAX_VARIANTS = 16
+MAX_PLANS = 4
+
+
+_IDS = itertools.count()
+
+
+@dataclasses.dataclass
+class Variant:
+    static: tuple[Any, ...]  # in_dims, structure, signature, size classes, global state
+    deps: Deps
+    vid: str = dataclasses.field(default_factory=lambda: f"v{next(_IDS)}")
+    plans: list[Plan] = dataclasses.field(default_factory=list)
+    failure: str | None = None  # why tracing failed: the whole call runs per sample
+    # per flat output, its ragged per-sample axes (f's structure, whatever the batch)
+    structure: list[tuple[int, ...]] | None = None
+    exhausted: str | None = None  # why no further plan is traced (a retrace failed)
+    no_empty_plan: bool = False  # a retrace on an empty sample failed: those run per sample
+    # (output specs, pytree spec) of a complete trace that cannot run batched: the
+    # result of an empty batch (no sample runs, so no side effect happens either)
+    empty: tuple[list[Any], Any] | None = None
+    warned: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class Entry:
+    variants: list[Variant] = dataclasses.field(default_factory=list)
+    traces: int = 0
+    hits: int = 0
+    evictions: int = 0
+    warm: list[Any] = dataclasses.field(default_factory=list)  # recent hits (see _warm)
+
+
+class CacheInfo(NamedTuple):
+    """What ``raggedfn.map`` has cached for one function (see :func:`map_cache_info`).
+
+    Attributes:
+        traces: how many times the function was traced (each failed trace counts).
+        hits: calls that reused a cached trace.
+        variants: cached (input signature, captured state) combinations.
+        plans: traces held across those variants.
+        evictions: variants dropped because the entry was full.
+
+    Examples:
+        >>> import torch, raggedfn
+        >>> def per_sample(t):
+        ...     return t.sum(0)
+        >>> raggedfn.map_cache_info(per_sample)
+        CacheInfo(traces=0, hits=0, variants=0, plans=0, evictions=0)
+    """
+
+    traces: int
+    hits: int
+    variants: int
+    plans: int
+    evictions: int
+
+
+CACHE: collections.OrderedDict[Any, Entry] = collections.OrderedDict()
+
+
+class _Variants:
+    """Variant id -> variant as attributes, for compiled code: dynamo guards each
+    attribute it reads and reads it live, so a variant traced while compiling is
+    found, and adding or dropping others never recompiles a graph."""
+
+    def get(self, vid: str) -> Variant | None:
+        return self.__dict__.get(vid)
+
+    def pop(self, vid: str, default: Any = None) -> Any:
+        return self.__dict__.pop(vid, default)
+
+    def clear(self) -> None:
+        self.__dict__.clear()
+
+    def __setitem__(self, vid: str, variant: Variant) -> None:
+        self.__dict__[vid] = variant
+
+    def setdefault(self, vid: str, variant: Variant) -> Variant:
+        return self.__dict__.setdefault(vid, variant)
+
+
+REGISTRY = _Variants()
+
+
+def function_key(f: Any) -> Any:
+    """What a cache entry belongs to: the code of a function, the class of anything else."""
+    if isinstance(f, types.FunctionType):
+        return f.__code__
+    if isinstance(f, types.MethodType):
+        return ("method", function_key(f.__func__))
+    if isinstance(f, functools.partial):
+        return ("partial", function_key(f.func))
+    return ("type", type(f))
+
+
+def global_state() -> tuple[Any, ...]:
+    """Process state a trace bakes in: the default dtype (factories) and autocast."""
+    return (
+        torch.get_default_dtype(),
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_enabled("cuda"),
+        torch.get_autocast_dtype("cuda"),
+    )
+
+
+def entry_of(f: Any, create: bool) -> Entry | None:
+    return entry_of_key(function_key(f), create)
+
+
+def entry_of_key(key: Any, create: bool) -> Entry | None:
+    entry = CACHE.get(key)
+    if entry is None:
+        if not create:
+            return None
+        if len(CACHE) >= MAX_FUNCTIONS:
+            for variant in CACHE.popitem(last=False)[1].variants:
+                REGISTRY.pop(variant.vid, None)
+        entry = CACHE[key] = Entry()
+    else:
+        CACHE.move_to_end(key)
+    return entry
+
+
+def find(
+    entry: Entry, static: tuple[Any, ...], roots: list[Any]
+) -> tuple[Variant, list[Any]] | None:
+    """The first variant whose signature and captured state match, with the tensors
+    ``f`` captures read afresh."""
+    for variant in entry.variants:
+        if variant.static != static:
+            continue
+        lifted: list[Any] = [None] * len(variant.deps.lifted)
+        if variant.deps.check(*roots, lifted):
+            return variant, lifted
+    return None
+
+
+def add(entry: Entry, variant: Variant) -> None:
+    entry.variants.insert(0, variant)
+    REGISTRY[variant.vid] = variant
+    while len(entry.variants) > MAX_VARIANTS:
+        dropped = entry.variants.pop()
+        REGISTRY.pop(dropped.vid, None)
+        entry.evictions += 1
+        entry.warm = [m for m in entry.warm if m.variant is not dropped]
+
+
+def info(f: Any) -> CacheInfo:
+    entry = entry_of(f, create=False)
+    if entry is None:
+        return CacheInfo(0, 0, 0, 0, 0)
+    plans = sum(len(v.plans) for v in entry.variants)
+    return CacheInfo(entry.traces, entry.hits, len(entry.variants), plans, entry.evictions)
+
+
+def clear() -> None:
+    """Forget every trace (tests and benchmarks that measure tracing use this)."""
+    CACHE.clear()
+    REGISTRY.clear()
+
+
+__all__ = [
+    "CacheInfo",
+    "Entry",
+    "Variant",
+    "add",
+    "clear",
+    "entry_of",
+    "entry_of_key",
+    "find",
+    "function_key",
+    "info",
+]

@@ -1,0 +1,224 @@
+"""Batching rule for ``scaled_dot_product_attention`` over ragged query/key axes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ... import _prims
+from ..._index import host_all
+from ..._layout import Layout
+from ..._prims._forward import compiled_transform
+from ..base._registry import rule
+from ..base._sizes import Sz, Unsupported
+from ..base._values import (
+    Ctx,
+    DenseB,
+    RaggedB,
+    align,
+    axes_of,
+    canonical_layout,
+    canonicalize,
+    struct_rows,
+    take_rows,
+)
+from ._linalg import logical
+from ._reduce import segment
+
+aten = torch.ops.aten
+
+# Eager and compiled runs use raggedfn.attention (eagerly length-bucketed SDPA;
+# compiled, one custom-op node: the fused kernel per sample with its own backward).
+# Explicit masks, and compiled code under a torch.func transform (which the custom
+# op cannot enter), use the packed (query, key) pair formulation below: no host sync,
+# but every pair's product is held in memory.
+USE_RAGGED_ATTENTION = True
+
+
+def _via_attention(
+    q: RaggedB, k: RaggedB, v: RaggedB, causal: bool, scale: Any, step: Any, rank: int
+) -> Any:
+    """``raggedfn.attention`` on the packed samples. ``rank``: of the per-sample call.
+    torch's fused kernels take 4-d inputs only, so a sample's 3-d call runs the math
+    kernel: so does the batched call then, which gives the loop's roundings."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..._ragged import Ragged
+    from ...ops._attention import attention
+
+    def tokens(x: RaggedB) -> Ragged:
+        heads = math.prod(x.values.shape[1:-1])
+        values = x.values.reshape(x.values.shape[0], heads, x.values.shape[-1])
+        return Ragged(values, x.struct.offsets, x.struct.sizes, Layout.standard(1, 2))
+
+    if rank == 4 or torch.compiler.is_compiling():  # compiled: the varlen op's kernel
+        out = attention(tokens(q), tokens(k), tokens(v), causal=causal, scale=scale)
+    else:
+        with sdpa_kernel(SDPBackend.MATH):
+            out = attention(tokens(q), tokens(k), tokens(v), causal=causal, scale=scale)
+    values = out.values.reshape((*q.values.shape[:-1], v.values.shape[-1]))
+    return RaggedB(values.to(step.out.dtype), q.layout, q.sz, q.struct)
+
+
+def _via_varlen_mask(
+    ctx: Ctx,
+    step: Any,
+    q: RaggedB,
+    k: RaggedB,
+    v: RaggedB,
+    mask: Any,
+    pairs: Any,
+    causal: bool,
+    scale: Any,
+) -> Any:
+    """Compiled, a boolean mask shared by the heads: the varlen custom op with the mask,
+    which runs a sample whose mask is True everywhere without it (transformers 5.25's
+    packed-sequence mask; eager code drops such a mask before, see ``_masks_nothing``).
+    None where the operands or the mask do not fit (the pair formulation runs)."""
+    shape_q = logical(q)
+    mask_shape = (*shape_q[:-2], shape_q[-2], logical(k)[-2])
+    rank = len(mask_shape)
+    layout = canonical_layout(rank, (rank - 2, rank - 1))
+    keep = align(ctx, mask, mask_shape, layout, pairs)
+    if not isinstance(keep, Tensor) or keep.dtype != torch.bool or keep.ndim == 0:
+        return None
+    if any(d != 1 for d in keep.shape[1:]) or any(t.values.device.type != "cpu" for t in (q, k, v)):
+        return None
+    heads = [math.prod(t.values.shape[1:-1]) for t in (q, k, v)]
+    if len(set(heads)) != 1 or q.values.shape[-1] != v.values.shape[-1]:
+        return None
+    if q.values.shape[-1] != k.values.shape[-1]:
+        return None
+    q3, k3, v3 = (
+        t.values.reshape(t.values.shape[0], heads[0], t.values.shape[-1]) for t in (q, k, v)
+    )
+    flat = keep.reshape(keep.shape[0]).expand(pairs.total).contiguous()
+    out = _prims.varlen_attention(
+        q3, k3, v3, q.struct.offsets, k.struct.offsets, v.struct.offsets, causal, scale, flat
+    )
+    values = out.reshape((*q.values.shape[:-1], v.values.shape[-1]))
+    return RaggedB(values.to(step.out.dtype), q.layout, q.sz, q.struct)
+
+
+def _repeat_heads(ctx: Ctx, t: Any, shape_q: tuple[Any, ...], shape_t: tuple[Any, ...]) -> Any:
+    """Grouped-query attention (``enable_gqa=True``): each key/value head serves
+    ``Hq // Hk`` consecutive query heads, as torch repeats them (``repeat_interleave``)."""
+    if len(shape_q) < 3 or len(shape_t) < 3:
+        return t
+    hq, hk = shape_q[-3], shape_t[-3]
+    if isinstance(hq, Sz) or isinstance(hk, Sz):
+        raise Unsupported("grouped-query attention over a ragged head axis")
+    if hq == hk:
+        return t
+    if not isinstance(t, RaggedB) or hk == 0 or hq % hk:
+        raise Unsupported("grouped-query attention with these head counts")
+    t = canonicalize(ctx, t)
+    axis = axes_of(t.layout)[len(shape_t) - 3]
+    values = t.values.repeat_interleave(hq // hk, dim=1 + axis.index)
+    return RaggedB(values, t.layout, t.sz, t.struct)
+
+
+def _masks_nothing(mask: Any) -> bool:
+    """A boolean mask that is True everywhere (eagerly, one host read per mask tensor:
+    every layer given the same mask reads it once, see ``host_all``): attention without
+    it is the same computation. transformers 5.25 builds one for every sequence given
+    ``position_ids`` (its packed-sequence mask, which its eager code drops when no
+    sequence restarts but keeps while traced); without it the call takes the
+    length-bucketed kernels instead of the (query, key) pair formulation."""
+    if torch.compiler.is_compiling():
+        return False
+    t = (
+        mask.values
+        if isinstance(mask, RaggedB)
+        else mask.data
+        if isinstance(mask, DenseB)
+        else mask
+    )
+    if not isinstance(t, Tensor) or t.dtype != torch.bool:
+        return False
+    try:
+        return host_all(t)
+    except RuntimeError:  # a torch.vmap around map: its batched mask has no host value
+        return False
+
+
+@rule(aten.scaled_dot_product_attention)
+def sdpa_rule(
+    ctx: Ctx,
+    step: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_mask: Any = None,
+    dropout_p: float | None = None,  # None: 0.0 (a float default costs a restart)
+    is_causal: bool = False,
+    scale: Any = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """Attention over ragged query/key axes, on the packed (query, key) pairs of each sample."""
+    if dropout_p:
+        raise Unsupported("attention dropout")
+    if enable_gqa:
+        k, v = (_repeat_heads(ctx, t, logical(q), logical(t)) for t in (k, v))
+    shape_q, shape_k, shape_v = logical(q), logical(k), logical(v)
+    lq, lk = shape_q[-2], shape_k[-2]
+    if (
+        not isinstance(lq, Sz)
+        or not isinstance(lk, Sz)
+        or (
+            shape_v[-2] is not lk and (not isinstance(shape_v[-2], Sz) or shape_v[-2].key != lk.key)
+        )
+    ):
+        raise Unsupported("attention whose sequence axes are not ragged")
+    if any(isinstance(s, Sz) for s in (*shape_q[:-2], *shape_k[:-2], shape_q[-1], shape_v[-1])):
+        raise Unsupported("attention with ragged batch or feature axes")
+    if not all(isinstance(t, RaggedB) for t in (q, k, v)):
+        raise Unsupported("attention with fixed-size operands")
+    q, k, v = (canonicalize(ctx, t) for t in (q, k, v))
+    if attn_mask is not None and _masks_nothing(attn_mask):
+        attn_mask = None
+    if USE_RAGGED_ATTENTION and attn_mask is None and not compiled_transform():
+        return _via_attention(q, k, v, is_causal, scale, step, len(shape_q))
+    pairs = ctx.struct((lq, lk))
+    if USE_RAGGED_ATTENTION and torch.compiler.is_compiling() and not compiled_transform():
+        out = _via_varlen_mask(ctx, step, q, k, v, attn_mask, pairs, is_causal, scale)
+        if out is not None:
+            return out
+    segments = pairs.segments()
+    i, j = pairs.coords()
+    rows_q = struct_rows(q.struct, segments, [i])
+    rows_k = struct_rows(k.struct, segments, [j])
+    # values: [T, *lead, E]; scores: [P, *lead]
+    scores = (take_rows(q.values, rows_q) * take_rows(k.values, rows_k)).sum(-1)
+    scale = 1.0 / math.sqrt(q.values.shape[-1]) if scale is None else scale
+    scores = scores * scale
+    if is_causal:
+        scores = scores.masked_fill((j > i).reshape(-1, *([1] * (scores.ndim - 1))), float("-inf"))
+    if attn_mask is not None:
+        # the mask broadcast to (*lead, L, S), laid out like the pairs: [P, *lead]
+        mask_shape = (*shape_q[:-2], lq, lk)
+        rank = len(mask_shape)
+        mask = align(
+            ctx, attn_mask, mask_shape, canonical_layout(rank, (rank - 2, rank - 1)), pairs
+        )
+        if not isinstance(mask, Tensor):
+            raise Unsupported("a scalar attention mask")
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    query_rows = struct_rows(q.struct, segments, [i])
+    peak = segment(scores.detach(), query_rows, q.struct.total, "amax")
+    peak = torch.where(torch.isinf(peak), torch.zeros_like(peak), peak)
+    weights = (scores - take_rows(peak, query_rows)).exp()
+    total = segment(weights, query_rows, q.struct.total, "sum")
+    # a query whose keys are all masked gets zeros, as torch's SDPA (_safe_softmax)
+    total_q = take_rows(total, query_rows)
+    weights = torch.where(total_q == 0, 0.0, weights / total_q)
+    out = segment(
+        weights.unsqueeze(-1) * take_rows(v.values, rows_k), query_rows, q.struct.total, "sum"
+    )
+    return RaggedB(out.to(step.out.dtype), q.layout, q.sz, q.struct)

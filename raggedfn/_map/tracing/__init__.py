@@ -1,0 +1,1 @@
+"""Tracing f into a plan, and what a trace depends on."""
