@@ -15,6 +15,14 @@ class MapReport:
         fallback: op name -> why it ran as a per-sample loop instead.
         unbatched: op name -> nodes that did not depend on the samples (run once).
         guards: conditions on ragged sizes the trace relies on (checked per batch).
+        attention: per attention call of ``f`` (``scaled_dot_product_attention``), the
+            path it took -> number of calls: ``"fused"`` (torch's fused kernels per sample
+            or per length bucket, or the varlen custom op when compiled), ``"fused with a
+            mask"`` (the same with each sample's slice of ``f``'s ``attn_mask``), ``"pair
+            formulation"`` (every (query, key) pair's logit held in memory: compiled
+            inside a ``torch.func`` transform, or a mask the fused paths cannot take; it
+            warns eagerly when estimated slower than padding), ``"per sample"`` (the
+            node's per-sample loop; its reason is in ``fallback``).
         whole_loop: why the whole function ran per sample, or None.
         partial_loop: why some samples ran per sample (their sizes fail every
             trace's guards) while the others ran batched, or None.
@@ -42,6 +50,7 @@ class MapReport:
     batched: dict[str, int] = dataclasses.field(default_factory=dict)
     fallback: dict[str, str] = dataclasses.field(default_factory=dict)
     unbatched: dict[str, int] = dataclasses.field(default_factory=dict)
+    attention: dict[str, int] = dataclasses.field(default_factory=dict)
     guards: list[str] = dataclasses.field(default_factory=list)
     whole_loop: str | None = None
     partial_loop: str | None = None
@@ -71,6 +80,9 @@ class MapReport:
         if self.fallback:
             lines.append("  per-sample loop (no batching rule):")
             lines.extend(f"    {name}: {why}" for name, why in sorted(self.fallback.items()))
+        if self.attention:
+            lines.append("  attention paths:")
+            lines.extend(f"    {path} x{n}" for path, n in sorted(self.attention.items()))
         if self.unbatched:
             lines.append("  shared (ran once): " + ", ".join(sorted(self.unbatched)))
         return "\n".join(lines)

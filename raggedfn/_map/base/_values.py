@@ -162,7 +162,7 @@ class Ctx:
         self.totals = totals
         self.device = device
         self.structs: dict[tuple[str, ...], Struct] = {}
-        self.record: Any = None
+        self.paths: dict[str, int] | None = None  # attention paths taken, for map_report
         self.lifted: list[Any] = []  # tensors f captures, read at this call
         self.randomness = "different"
         self.tiles = False  # run row-local chains on row tiles (see _tiles.py)

@@ -147,6 +147,7 @@ def _map(
         report.batched = dict(recorder.batched)
         report.fallback = dict(recorder.fallback)
         report.unbatched = dict(recorder.unbatched)
+        report.attention = dict(recorder.attention)
     return out
 
 

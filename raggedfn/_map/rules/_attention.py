@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ... import _prims
+from ..._errors import RaggedPerformanceWarning
 from ..._index import host_all
 from ..._layout import Layout
 from ..._prims._forward import compiled_transform
@@ -38,6 +40,16 @@ aten = torch.ops.aten
 USE_RAGGED_ATTENTION = True
 
 
+def _tokens(x: RaggedB) -> Any:
+    """A canonical ``[T, *lead, D]`` operand as the tokens ``(B, N*, H, D)`` of
+    ``raggedfn.attention`` (``H``: the product of the per-sample leading axes)."""
+    from ..._ragged import Ragged
+
+    heads = math.prod(x.values.shape[1:-1])
+    values = x.values.reshape(x.values.shape[0], heads, x.values.shape[-1])
+    return Ragged(values, x.struct.offsets, x.struct.sizes, Layout.standard(1, 2))
+
+
 def _via_attention(
     q: RaggedB, k: RaggedB, v: RaggedB, causal: bool, scale: Any, step: Any, rank: int
 ) -> Any:
@@ -46,14 +58,9 @@ def _via_attention(
     kernel: so does the batched call then, which gives the loop's roundings."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ..._ragged import Ragged
     from ...ops._attention import attention
 
-    def tokens(x: RaggedB) -> Ragged:
-        heads = math.prod(x.values.shape[1:-1])
-        values = x.values.reshape(x.values.shape[0], heads, x.values.shape[-1])
-        return Ragged(values, x.struct.offsets, x.struct.sizes, Layout.standard(1, 2))
-
+    tokens = _tokens
     if rank == 4 or torch.compiler.is_compiling():  # compiled: the varlen op's kernel
         out = attention(tokens(q), tokens(k), tokens(v), causal=causal, scale=scale)
     else:
@@ -145,6 +152,87 @@ def _masks_nothing(mask: Any) -> bool:
         return False
 
 
+PAIR_COST = 8.0  # a (query, key) pair of the pair formulation costs about this many
+# padded pairs of a fused kernel (measured on CPU, fwd+bwd): the warning's threshold
+
+
+def _note(ctx: Ctx, path: str) -> None:
+    """Count the attention path a call took, for ``map_report``."""
+    paths = getattr(ctx, "paths", None)
+    if paths is not None:
+        paths[path] = paths.get(path, 0) + 1
+
+
+def _pair_mask(
+    ctx: Ctx, mask: Any, shape_q: tuple[Any, ...], shape_k: tuple[Any, ...], pairs: Any
+) -> Any:
+    """The mask as a pair state ``(B, N*, M*, 1 or H)`` (``H``: the product of the
+    per-sample query's leading axes, as ``_via_attention`` flattens them) for
+    ``attention_with_mask``; None where it is not a tensor per (query, key) pair."""
+    from ..._ragged import Ragged
+
+    mask_shape = (*shape_q[:-2], shape_q[-2], shape_k[-2])
+    rank = len(mask_shape)
+    keep = align(ctx, mask, mask_shape, canonical_layout(rank, (rank - 2, rank - 1)), pairs)
+    if not isinstance(keep, Tensor) or keep.ndim != rank - 1:
+        return None
+    lead = tuple(shape_q[:-2])
+    if all(d == 1 for d in keep.shape[1:]):
+        width = 1
+    else:
+        keep = keep.expand(keep.shape[0], *lead)
+        width = math.prod(lead)
+    keep = keep.reshape(keep.shape[0], width)
+    if keep.shape[0] != pairs.total:  # one mask for every pair
+        keep = keep.expand(pairs.total, width).contiguous()
+    return Ragged(keep, pairs.offsets, pairs.sizes, Layout.standard(2, 1))
+
+
+def _via_masked(
+    q: RaggedB,
+    k: RaggedB,
+    v: RaggedB,
+    mask: Any,
+    causal: bool,
+    scale: Any,
+    dropout: float,
+    step: Any,
+    rank: int,
+) -> Any:
+    """Eagerly, a mask or dropout: ``attention_with_mask``, the loop's own SDPA call per
+    sample (or length buckets with the mask in each box), never the pair formulation."""
+    from ..._prims import has_tangent
+    from ...ops._attention_masked import attention_with_mask
+
+    tq, tk, tv = (_tokens(t) for t in (q, k, v))
+    if has_tangent(q.values, k.values, v.values):  # no forward-mode rule in the fused kernel
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.MATH):
+            out = attention_with_mask(tq, tk, tv, mask, causal, scale, dropout, rank)
+    else:
+        out = attention_with_mask(tq, tk, tv, mask, causal, scale, dropout, rank)
+    values = out.values.reshape((*q.values.shape[:-1], v.values.shape[-1]))
+    return RaggedB(values.to(step.out.dtype), q.layout, q.sz, q.struct)
+
+
+def _warn_pairs(ctx: Ctx, pairs: Any, lq: Any) -> None:
+    """Eagerly: a ``RaggedPerformanceWarning`` when the pair formulation is estimated
+    slower than the padded batch's fused kernel (``PAIR_COST`` per pair)."""
+    if torch.compiler.is_compiling() or ctx.batch_size == 0:
+        return
+    longest = int(ctx.eval(lq).max())  # one host read, on this slow path only
+    if pairs.total * PAIR_COST > ctx.batch_size * longest * longest:
+        warnings.warn(
+            "raggedfn.map: scaled_dot_product_attention runs as the (query, key) pair "
+            "formulation, estimated slower than the padded batch (a mask that is not one "
+            "tensor per (query, key) pair, or attention inside a compiled torch.func "
+            "transform)",
+            RaggedPerformanceWarning,
+            stacklevel=2,
+        )
+
+
 @rule(aten.scaled_dot_product_attention)
 def sdpa_rule(
     ctx: Ctx,
@@ -158,9 +246,9 @@ def sdpa_rule(
     scale: Any = None,
     enable_gqa: bool = False,
 ) -> Any:
-    """Attention over ragged query/key axes, on the packed (query, key) pairs of each sample."""
-    if dropout_p:
-        raise Unsupported("attention dropout")
+    """Attention over ragged query/key axes: torch's kernels per sample or per length
+    bucket (with the sample's mask where ``f`` gives one), else the packed pairs."""
+    dropout = float(dropout_p) if dropout_p else 0.0
     if enable_gqa:
         k, v = (_repeat_heads(ctx, t, logical(q), logical(t)) for t in (k, v))
     shape_q, shape_k, shape_v = logical(q), logical(k), logical(v)
@@ -180,13 +268,24 @@ def sdpa_rule(
     q, k, v = (canonicalize(ctx, t) for t in (q, k, v))
     if attn_mask is not None and _masks_nothing(attn_mask):
         attn_mask = None
-    if USE_RAGGED_ATTENTION and attn_mask is None and not compiled_transform():
+    compiling = torch.compiler.is_compiling()
+    usable = USE_RAGGED_ATTENTION and not compiled_transform()
+    if usable and attn_mask is None and not dropout:
+        _note(ctx, "fused")
         return _via_attention(q, k, v, is_causal, scale, step, len(shape_q))
     pairs = ctx.struct((lq, lk))
-    if USE_RAGGED_ATTENTION and torch.compiler.is_compiling() and not compiled_transform():
+    if usable and not compiling:
+        mask = None if attn_mask is None else _pair_mask(ctx, attn_mask, shape_q, shape_k, pairs)
+        if attn_mask is None or mask is not None:
+            _note(ctx, "fused" if mask is None else "fused with a mask")
+            return _via_masked(q, k, v, mask, is_causal, scale, dropout, step, len(shape_q))
+    if usable and compiling and not dropout:
         out = _via_varlen_mask(ctx, step, q, k, v, attn_mask, pairs, is_causal, scale)
         if out is not None:
+            _note(ctx, "fused with a mask")
             return out
+    _note(ctx, "pair formulation")
+    _warn_pairs(ctx, pairs, lq)
     segments = pairs.segments()
     i, j = pairs.coords()
     rows_q = struct_rows(q.struct, segments, [i])
@@ -218,6 +317,8 @@ def sdpa_rule(
     # a query whose keys are all masked gets zeros, as torch's SDPA (_safe_softmax)
     total_q = take_rows(total, query_rows)
     weights = torch.where(total_q == 0, 0.0, weights / total_q)
+    if dropout:  # SDPA's dropout of the probabilities, one draw per (query, key) pair
+        weights = torch.nn.functional.dropout(weights, dropout)
     out = segment(
         weights.unsqueeze(-1) * take_rows(v.values, rows_k), query_rows, q.struct.total, "sum"
     )

@@ -28,6 +28,7 @@ class Recorder:
         self.batched: dict[str, int] = {}
         self.fallback: dict[str, str] = {}
         self.unbatched: dict[str, int] = {}
+        self.attention: dict[str, int] = {}  # attention path -> calls (rules note them)
 
 
 def guard_mask(plan: Plan, ctx: Ctx) -> Tensor | None:
@@ -166,6 +167,7 @@ def run(
     loop does not warn (a group of samples without elements: the loop costs nothing)."""
     values: list[Any] = list(inputs)
     pending = list(range(len(plan.late)))
+    ctx.paths = recorder.attention if recorder is not None else None
     compiling = torch.compiler.is_compiling()
     # a graph being compiled owns its buffers; and caching on the plan there would be
     # a side effect dynamo guards on (one more graph)
@@ -357,6 +359,8 @@ def after_rule(
         )
     if recorder is not None:
         recorder.fallback[name] = reason
+        if step.target is torch.ops.aten.scaled_dot_product_attention.default:
+            recorder.attention["per sample"] = recorder.attention.get("per sample", 0) + 1
     if not quiet and (name, reason) not in plan.warned:
         plan.warned.add((name, reason))
         warnings.warn(

@@ -447,6 +447,9 @@ def _is_random(node: Any) -> bool:
         train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
         p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
         return bool(train) and p != 0
+    if packet is torch.ops.aten.scaled_dot_product_attention:  # draws only with dropout
+        p = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+        return p != 0
     return True
 
 
