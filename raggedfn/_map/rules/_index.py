@@ -228,3 +228,29 @@ def _dtype(i: Any) -> Any:
 
 
 __all__ = ["gather_rule", "index_positions", "slice_shared", "sort_rule"]
+
+
+def _triangle(ctx: Ctx, x: Any, diagonal: Any, lower: bool) -> Any:
+    """``tril``/``triu`` of a value whose last two logical axes hold per-sample sizes:
+    elements are kept by their coordinates (``j - i <= diagonal`` for the lower
+    triangle), as each sample's own call keeps them."""
+    if not isinstance(x, RaggedB):
+        raise Unsupported("tril/triu of a fixed-size value")  # torch.vmap batches those
+    if not isinstance(diagonal, int) or isinstance(diagonal, bool):
+        raise Unsupported("tril/triu with a per-sample diagonal")
+    x = canonicalize(ctx, x)
+    _, coords = _coordinates(x)
+    offset = coords[-1] - coords[-2]
+    keep = offset <= diagonal if lower else offset >= diagonal
+    zero = torch.zeros((), dtype=x.values.dtype, device=x.values.device)
+    return RaggedB(torch.where(keep, x.values, zero), x.layout, x.sz, x.struct)
+
+
+@rule(aten.tril)
+def tril_rule(ctx: Ctx, step: Any, x: Any, diagonal: Any = 0) -> Any:
+    return _triangle(ctx, x, diagonal, lower=True)
+
+
+@rule(aten.triu)
+def triu_rule(ctx: Ctx, step: Any, x: Any, diagonal: Any = 0) -> Any:
+    return _triangle(ctx, x, diagonal, lower=False)

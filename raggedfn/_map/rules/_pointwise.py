@@ -40,6 +40,7 @@ def _cast(values: Tensor, dtype: torch.dtype) -> Tensor:
     aten.__xor__,
     aten.__lshift__,
     aten.__rshift__,
+    aten.floor_divide,  # elementwise, though not tagged pointwise
 )
 def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     """Broadcast every operand to the result's packed layout, then run the op once."""
@@ -138,7 +139,7 @@ def values_map(ctx: Ctx, step: Any, x: Any, *rest: Any, **kwargs: Any) -> Any:
     """Ops that act on each element of ``x`` alone: apply them to the packed values."""
     if any(is_batched(v) for v in (*rest, *kwargs.values())):
         if step.target.overloadpacket is aten.type_as:
-            return pointwise_cast(ctx, step, x)
+            return pointwise_cast(ctx, step, x, rest[0])
         raise Unsupported("a batched second operand")
     if step.target.overloadpacket in (aten.feature_dropout, aten.alpha_dropout):
         raise Unsupported("feature/alpha dropout mixes elements across axes")
@@ -152,9 +153,26 @@ def values_map(ctx: Ctx, step: Any, x: Any, *rest: Any, **kwargs: Any) -> Any:
     return RaggedB(_cast(values, step.out.dtype), x.layout, x.sz, x.struct)
 
 
-def pointwise_cast(ctx: Ctx, step: Any, x: Any) -> Any:
+def pointwise_cast(ctx: Ctx, step: Any, x: Any, other: Any = None) -> Any:
+    """``type_as(x, other)`` / ``x.to(other)``: ``x`` in ``other``'s dtype and device. A
+    tensor shared by the samples (a constant such as ``torch.tensor(k).type_as(t)``)
+    stays shared: the dtype and device are the same for every sample."""
+    device = (
+        other.values.device
+        if isinstance(other, RaggedB)
+        else other.data.device
+        if isinstance(other, DenseB)
+        else None
+    )
+
+    def cast(t: Tensor) -> Tensor:
+        t = _cast(t, step.out.dtype)
+        return t if device is None or t.device == device else t.to(device)
+
     if isinstance(x, RaggedB):
-        return RaggedB(_cast(x.values, step.out.dtype), x.layout, x.sz, x.struct)
+        return RaggedB(cast(x.values), x.layout, x.sz, x.struct)
     if isinstance(x, DenseB):
-        return DenseB(_cast(x.data, step.out.dtype))
-    raise Unsupported("type_as of an unbatched tensor")
+        return DenseB(cast(x.data))
+    if isinstance(x, Tensor):
+        return cast(x)
+    raise Unsupported("type_as of a per-sample size")

@@ -280,6 +280,18 @@ def arange_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     return RaggedB(values, layout, sz, struct)
 
 
+@rule(aten.eye)
+def eye_rule(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
+    """``eye(n[, m])`` with per-sample sizes: ones where the two coordinates agree."""
+    shape, layout, sz, struct, _ = _factory_values(ctx, step)
+    if len(shape) != 2 or len(sz) != 2:
+        raise Unsupported("eye with a fixed size")
+    rows, cols = struct.coords()
+    if layout.axes[0].index != 0:  # storage order (m, n): coordinates come swapped
+        rows, cols = cols, rows
+    return RaggedB((rows == cols).to(step.out.dtype), layout, sz, struct)
+
+
 @rule(aten.zeros, aten.ones, aten.empty, aten.full, aten.rand, aten.randn)
 def factory_rule(ctx: Ctx, step: Any, size: Any, *rest: Any, **kwargs: Any) -> Any:
     _, layout, sz, struct, dense = _factory_values(ctx, step)
