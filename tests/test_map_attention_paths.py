@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import raggedfn
 from property_tests.reference import assert_same, samples
 from raggedfn import RaggedError, RaggedPerformanceWarning
-from raggedfn._map import _rules_attention
+from raggedfn._map.rules import _attention as _rules_attention
 from raggedfn.ops import _attention_masked
 
 LENGTHS = (5, 9, 3, 1, 7)
