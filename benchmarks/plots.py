@@ -50,7 +50,7 @@ def write_bars(
         ys = [bars[name] for bars in groups.values() if name in bars]
         ax.bar(xs, ys, width, label=name)
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    for level in [] if target is None else [target] if isinstance(target, float) else target:
+    for level in [] if target is None else [target] if isinstance(target, int | float) else target:
         ax.axhline(level, color="red", linestyle=":", label=f"target {level}x")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], list(groups), fontsize=8)
     if log:
@@ -113,7 +113,9 @@ def plot_hf_train(record: dict[str, Any], path: Path) -> bool:
     }
     size = record["size"]
     return write_bars(
-        path, f"HF training step (hidden {size['hidden']}, B {size['batch']}): map's speedup",
+        path, f"HF training step (hidden {size['hidden']}, B {size['batch']}): map's speedup "
+        f"(targets {record['targets']['map_over_padded']:g}x over padded, "
+        f"{record['targets']['map_over_packed']:g}x over packed)",
         groups, "speedup (median of per-round ratios)",
         target=sorted(record["targets"].values()), log=False,
     )  # fmt: skip
