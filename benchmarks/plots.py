@@ -27,11 +27,12 @@ def write_bars(
     groups: Groups,
     ylabel: str,
     *,
-    target: float | None = None,
+    target: float | Sequence[float] | None = None,
     log: bool = True,
 ) -> bool:
     """One group of bars per key of ``groups`` (one bar per series in it), a grey line
-    at 1 and, given ``target``, a red dotted line there. False without matplotlib."""
+    at 1 and, given ``target`` (one or several), a red dotted line at each. False without
+    matplotlib."""
     try:
         import matplotlib
 
@@ -49,8 +50,8 @@ def write_bars(
         ys = [bars[name] for bars in groups.values() if name in bars]
         ax.bar(xs, ys, width, label=name)
     ax.axhline(1.0, color="grey", linewidth=0.8)
-    if target is not None:
-        ax.axhline(target, color="red", linestyle=":", label=f"target {target}x")
+    for level in [] if target is None else [target] if isinstance(target, int | float) else target:
+        ax.axhline(level, color="red", linestyle=":", label=f"target {level}x")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], list(groups), fontsize=8)
     if log:
         ax.set_yscale("log")
@@ -97,6 +98,27 @@ def plot_hf_bert(record: dict[str, Any], path: Path) -> bool:
         name: {"speedup over HF padded": padded / ms} for name, ms in record["median_ms"].items()
     }
     return write_bars(path, f"HF BERT ({record['hidden']} wide) through map", groups, "speedup")
+
+
+def plot_hf_train(record: dict[str, Any], path: Path) -> bool:
+    """Per family, map's speedup over HF padded and over HF packed (marked where the packed
+    input mixes sequences), both targets marked."""
+    groups = {
+        family + ("" if cell["packed_keeps_sequences_apart"] else "\n(packed mixes)"): {
+            "map over padded": cell["map_over_padded"],
+            "map over packed": cell["map_over_packed"],
+        }
+        for family, cell in record["families"].items()
+        if cell["status"] == "ok"
+    }
+    size = record["size"]
+    return write_bars(
+        path, f"HF training step (hidden {size['hidden']}, B {size['batch']}): map's speedup "
+        f"(targets {record['targets']['map_over_padded']:g}x over padded, "
+        f"{record['targets']['map_over_packed']:g}x over packed)",
+        groups, "speedup (median of per-round ratios)",
+        target=sorted(record["targets"].values()), log=False,
+    )  # fmt: skip
 
 
 def plot_overhead(record: dict[str, Any], path: Path) -> bool:
@@ -188,6 +210,7 @@ PLOTTERS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "doc_encoder": plot_doc_encoder,
     "forward_mode": plot_forward_mode,
     "hf_bert": plot_hf_bert,
+    "hf_train": plot_hf_train,
     "overhead": plot_overhead,
     "pair_state": plot_pair_state,
     "distributed": plot_distributed,
