@@ -38,12 +38,16 @@ demo: $(VENV)/.installed-examples
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check raggedfn tests property_tests benchmarks examples
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # nightly-style: 20,000 generated per-sample programs through raggedfn.map vs the loop
-# (property_tests/map_oracle.py); prints counts per outcome, times and shrunk reproducers
+# (property_tests/map_oracle.py); prints counts per outcome, times and shrunk reproducers.
+# `make test-deep SEED=n` for other programs (a failure of `make test` prints its seed),
+# DEEP_WORKERS processes check them (one torch thread each)
+SEED ?= 0
+DEEP_WORKERS ?= 2
 test-deep: $(VENV)/.installed-test
-	$(PY) -m property_tests.map_oracle --programs 20000 --seed 0
+	$(PY) -m property_tests.map_oracle --programs 20000 --seed $(SEED) --workers $(DEEP_WORKERS)
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check raggedfn tests property_tests benchmarks examples

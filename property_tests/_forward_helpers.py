@@ -30,6 +30,7 @@ def check_jvp_against_loop(
     *inputs: Any,
     dual: bool = False,
     nan_tangent_is_zero: bool = False,
+    nan_tangent_as_loop: bool = False,
     **tolerances: Any,
 ) -> None:
     """The jvp of ``op(*inputs)`` equals ``[jvp of ref(*sample_i)]``, outputs and tangents.
@@ -43,13 +44,17 @@ def check_jvp_against_loop(
     the default bucket plan and with one bucket per distinct size.
 
     Tangents are compared where the expected output is finite (policy values
-    such as the NaN mean of an empty sample have none; raggedfn's tangent must
-    be finite there). ``nan_tangent_is_zero``: where torch's tangent is NaN at a
-    finite output (``std`` of one element) raggedfn's is 0, as its gradient.
+    such as the -inf max of an empty sample have none; raggedfn's tangent must
+    be finite there). ``nan_tangent_as_loop``: where the output is not finite,
+    raggedfn's tangent is NaN exactly where the loop's is and finite elsewhere
+    (the NaN mean of an empty sample: torch's tangent is NaN too).
+    ``nan_tangent_is_zero``: where torch's tangent is NaN at a finite output
+    (``std`` of one element) raggedfn's is 0, as its gradient.
     """
-    _check(op, ref, inputs, dual, nan_tangent_is_zero, tolerances)
+    flags = (nan_tangent_is_zero, nan_tangent_as_loop)
+    _check(op, ref, inputs, dual, flags, tolerances)
     with tight_buckets():
-        _check(op, ref, inputs, dual, nan_tangent_is_zero, tolerances)
+        _check(op, ref, inputs, dual, flags, tolerances)
 
 
 def _check(
@@ -57,9 +62,10 @@ def _check(
     ref: Callable[..., Any],
     inputs: Sequence[Any],
     dual: bool,
-    nan_tangent_is_zero: bool,
+    flags: tuple[bool, bool],
     tolerances: dict[str, Any],
 ) -> None:
+    nan_tangent_is_zero, nan_tangent_as_loop = flags
     gen = torch.Generator().manual_seed(4321)
     positions = [n for n, x in enumerate(inputs) if _floating(x)]
     primals = [
@@ -131,10 +137,13 @@ def _check(
         for i, (g, want, value) in enumerate(
             zip(got_samples, [e[n] for e in expected_tangents], values, strict=True)
         ):
-            # policy values (NaN mean, -inf max of an empty extent...) have no tangent to
-            # compare; raggedfn's must still be finite there (DESIGN §4)
+            # policy values (-inf max of an empty extent...) have no tangent to compare;
+            # raggedfn's must still be finite there (DESIGN §4), or NaN where the loop's
+            # is (nan_tangent_as_loop: the NaN mean of an empty extent, as torch's)
             settled = torch.isfinite(value)
-            assert torch.isfinite(g[~settled]).all(), f"sample {i}: non-finite tangent"
+            nan = ~settled & want.isnan() if nan_tangent_as_loop else torch.zeros_like(settled)
+            assert g[nan].isnan().all(), f"sample {i}: the loop's tangent is NaN, not this"
+            assert torch.isfinite(g[~settled & ~nan]).all(), f"sample {i}: non-finite tangent"
             g = torch.where(settled, g, torch.zeros_like(g))
             want = torch.where(settled, want, torch.zeros_like(want))
             if nan_tangent_is_zero:

@@ -559,6 +559,7 @@ class Summary:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     shrink_seconds: float = 0.0
+    workers: int = 1  # processes that checked the programs (map_runs.run_sharded)
 
     def failures(self) -> int:
         return sum(self.counts[k] for k in FAILURES)
@@ -574,8 +575,9 @@ class Summary:
     def report(self, reproducers: bool = True) -> str:
         lines = [
             f"map program generator: seed {self.seed}, {self.programs} programs, "
-            f"{self.seconds:.1f} s wall, {self.cpu_seconds:.1f} s CPU "
-            f"(shrinking {self.shrink_seconds:.1f} s wall); {self.failures()} disagreements",
+            f"{self.seconds:.1f} s wall, {self.cpu_seconds:.1f} s CPU"
+            + (f" in {self.workers} processes" if self.workers > 1 else "")
+            + f" (shrinking {self.shrink_seconds:.1f} s wall); {self.failures()} disagreements",
             "",
             "outcome            count   first program",
         ]
@@ -650,11 +652,13 @@ def run_many(
     shrink_first: int = 0,
     shrink_budget: int = 40,
     progress: Callable[[str], None] | None = None,
+    start: int = 0,
 ) -> Summary:
-    """Generate and check ``count`` programs; then shrink some failures (see _to_shrink)."""
+    """Generate and check ``count`` programs (from index ``start`` on); then shrink some
+    failures (see _to_shrink)."""
     summary = Summary(seed)
-    start, cpu = time.perf_counter(), time.process_time()
-    for index, program, batch in program_stream(seed, count, min_steps, max_steps):
+    began, cpu = time.perf_counter(), time.process_time()
+    for index, program, batch in program_stream(seed, count, min_steps, max_steps, start):
         outcome = check(program, batch, map_fn)
         kind = outcome.kind
         summary.programs += 1
@@ -668,18 +672,25 @@ def run_many(
                 progress(f"program {index}: {kind}: {outcome.detail[:300]}")
         if progress and (index + 1) % 500 == 0:
             progress(
-                f"{index + 1} programs, {time.perf_counter() - start:.0f} s: "
+                f"{index + 1} programs, {time.perf_counter() - began:.0f} s: "
                 + ", ".join(f"{k} {n}" for k, n in summary.counts.most_common())
             )
-    summary.seconds = time.perf_counter() - start
+    summary.seconds = time.perf_counter() - began
     summary.cpu_seconds = time.process_time() - cpu
+    shrink_some(summary, shrink_per_group, shrink_first, shrink_budget, map_fn)
+    return summary
+
+
+def shrink_some(
+    summary: Summary, per_group: int, first: int, budget: int, map_fn: MapFn = raggedfn.map
+) -> None:
+    """Shrink the failures :func:`_to_shrink` picks into ``summary.shrunk``."""
     shrink_start = time.perf_counter()
-    for found in _to_shrink(summary, shrink_per_group, shrink_first):
+    for found in _to_shrink(summary, per_group, first):
         kind = found.outcome.kind
-        program, batch, outcome = shrink(found.program, found.batch, kind, map_fn, shrink_budget)
+        program, batch, outcome = shrink(found.program, found.batch, kind, map_fn, budget)
         summary.shrunk.append((found, Found(found.index, program, batch, outcome)))
     summary.shrink_seconds = time.perf_counter() - shrink_start
-    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -692,17 +703,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shrink-first", type=int, default=60)
     parser.add_argument("--shrink-budget", type=int, default=60)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes checking programs (one thread each)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    summary = run_many(
+    from property_tests.map_runs import run_sharded
+
+    summary = run_sharded(
         args.seed,
         args.programs,
-        args.min_steps,
-        args.max_steps,
+        args.workers,
+        min_steps=args.min_steps,
+        max_steps=args.max_steps,
         shrink_per_group=args.shrink_per_group,
         shrink_first=args.shrink_first,
         shrink_budget=args.shrink_budget,
-        progress=lambda line: print(line, file=sys.stderr, flush=True),
+        progress=True,
     )
     print(summary.report())
     return 1 if summary.failures() else 0

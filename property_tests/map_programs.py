@@ -594,9 +594,10 @@ def reproducer(program: Program, batch: Batch) -> str:
     )
 
 
-def program_stream(seed: int, count: int, min_steps: int = 2, max_steps: int = 6):
-    """``count`` (index, program, batch): program ``i`` of ``seed`` depends on nothing else."""
-    for index in range(count):
+def program_stream(seed: int, count: int, min_steps: int = 2, max_steps: int = 6, start: int = 0):
+    """``count`` (index, program, batch) from index ``start`` on: program ``i`` of ``seed``
+    depends on nothing else (a run split in parts checks the same programs)."""
+    for index in range(start, start + count):
         rng = random.Random(f"{seed}:{index}")
         program = draw_program(rng, min_steps, max_steps)
         yield index, program, draw_batch(rng, program.input_kind)

@@ -4,6 +4,10 @@ The generator (``map_programs``) and the oracle (``map_oracle``) are tested
 here too: the contract written out as a loop (``loop_map``) passes every
 generated program, and each kind of disagreement planted into it is caught and
 classified. ``make test-deep`` runs 20,000 programs.
+
+The programs are drawn from the commit's seed (``map_runs.program_seed``: each commit
+checks other programs; ``RAGGEDFN_PROGRAM_SEED`` reruns a given one), printed at the
+end of the run and in every failure with the command that reproduces it.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
-import os
 import random
 
 import pytest
@@ -27,18 +30,27 @@ from property_tests.map_programs import (
     program_stream,
     reproducer,
 )
+from property_tests.map_runs import default_workers, program_seed, rerun_commands, run_sharded
 
-SEED = int(os.environ.get("MAPGEN_SEED", "0"))
+SEED, _ = program_seed()
 
 
 def test_generated_programs_agree_with_the_loop():
-    """2,000 programs of 2-4 steps (fast settings); the report lists every kind of
-    disagreement with the shortest program of each and a few shrunk reproducers."""
-    summary = run_many(
-        SEED, count=2000, min_steps=2, max_steps=4, shrink_per_group=0, shrink_first=4
+    """2,000 programs of 2-4 steps (fast settings), checked by one process per core; the
+    report lists every kind of disagreement with the shortest program of each and a few
+    shrunk reproducers, and the command lines that rerun the same programs."""
+    summary = run_sharded(
+        SEED,
+        2000,
+        default_workers(),
+        min_steps=2,
+        max_steps=4,
+        shrink_per_group=0,
+        shrink_first=4,
     )
     assert summary.programs == 2000
-    assert summary.failures() == 0, summary.report()
+    assert sum(summary.counts.values()) == 2000, summary.counts
+    assert summary.failures() == 0, summary.report() + "\n\n" + rerun_commands(SEED, 2000, 2, 4)
 
 
 def test_the_contract_as_a_loop_passes_every_program():
@@ -263,3 +275,26 @@ def test_a_decision_on_a_rounding_residual_is_a_tie_not_a_disagreement(monkeypat
     assert check(TIE, TIE_BATCH).kind == "rounding-tie"
     monkeypatch.setattr(map_oracle, "TIE_TRIES", 0)
     assert check(TIE, TIE_BATCH).kind == "shape"  # what the tie check answers for
+
+
+# ----- a run split over processes ---------------------------------------------------------
+
+
+def _crash_on_three(f, x, p, in_dims):
+    """A crash on batches of 3 samples (a module-level function: workers import it)."""
+    return _crashes(f, x, p, in_dims) if x.batch_size == 3 else loop_map(f, x, p, in_dims)
+
+
+def test_a_run_split_over_processes_checks_the_same_programs():
+    """Two worker processes, parts of consecutive indices: the same outcome counts, first
+    programs per outcome and failures (by index, in order) as one process."""
+    kwargs = {"min_steps": 2, "max_steps": 4, "shrink_per_group": 0, "map_fn": _crash_on_three}
+    one = run_many(2, 24, **kwargs)  # a fixed seed: this tests the split
+    split = run_sharded(2, 24, 2, **kwargs)
+    assert one.counts["crash"] > 0  # the planted failures are there to be merged
+    assert (split.programs, split.workers) == (24, 2)
+    assert split.counts == one.counts
+    assert split.first == one.first
+    assert [(f.index, f.outcome.kind) for f in split.found] == [
+        (f.index, f.outcome.kind) for f in one.found
+    ]

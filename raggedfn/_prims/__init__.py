@@ -7,7 +7,9 @@ output shape is static and nothing syncs with the host). The same primitive
 serves the single ragged axis of a token batch (segment = sample) and one
 ragged axis of an ``[N_i, M_i]`` batch (segment = sample and remaining
 coordinate, flattened). Empty segments: sum 0, mean NaN, product 1, max/min
-the identity with arg -1, logsumexp -inf; derivatives stay finite.
+the identity with arg -1, logsumexp -inf; gradients stay finite (an empty segment
+has no row to receive one), and so do forward-mode tangents, except the mean's:
+NaN, as ``torch.mean`` of an empty tensor.
 
 Custom ``torch.autograd.Function`` rules (torch.func form: ``forward`` without
 ctx, ``setup_context``, a backward built from other primitives,
@@ -17,7 +19,8 @@ ctx, ``setup_context``, a backward built from other primitives,
 ``segment_softmax``, ``segment_log_softmax``, ``segment_prod`` (exact with zeros,
 and vmap-able, unlike ``scatter_reduce``'s own rule), ``segment_matmul`` and
 ``segment_outer`` (grouped GEMMs for experts, each the other's derivative, with
-forward-mode rules), and the dense
+forward-mode rules), the NaN of ``segment_mean``'s empty segments (a zero gradient,
+a NaN tangent, as ``torch.mean`` of an empty tensor), and the dense
 ``scaled_dot_product_attention`` (saves the row logsumexp, not the
 probabilities, so a bias gradient does not keep the softmax alive). Everything else is a composite of
 differentiable torch ops, which is as fast and needs no rule of its own.
@@ -42,6 +45,7 @@ from ._cumsum import segment_cumsum
 from ._extrema import identity, segment_amax, segment_amin, segment_max, segment_min
 from ._forward import forward_mode, has_tangent
 from ._grouped import segment_matmul, segment_outer
+from ._mean import segment_mean
 from ._opaque import host_planned, implement
 from ._prod import segment_prod
 from ._sdpa import scaled_dot_product_attention
@@ -49,7 +53,6 @@ from ._segment import (
     broadcast,
     pad,
     segment_counts,
-    segment_mean,
     segment_sum,
     take_rows,
     unpad,

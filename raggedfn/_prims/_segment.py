@@ -1,4 +1,4 @@
-"""Segment sums, means, products, broadcasts and padding (running sums: ``_cumsum``).
+"""Segment sums, broadcasts and padding (means: ``_mean``; running sums: ``_cumsum``).
 
 Everything here is a plain composite of differentiable torch ops: autograd,
 ``torch.func`` (grad, vjp, jacrev, jacfwd, vmap) and ``torch.compile`` derive
@@ -11,7 +11,7 @@ Conventions shared by every primitive in ``raggedfn._prims``:
   ``[0, num_segments)``, in any order (not necessarily sorted or contiguous).
 * ``num_segments`` (``S``) is a Python int (or SymInt), so output shapes are
   static: nothing reads tensor data on the host.
-* Segments without rows are legal: sum 0, mean NaN (product 1: see ``_prod``).
+* Segments without rows are legal: sum 0, mean NaN (``_mean``), product 1 (``_prod``).
 """
 
 from __future__ import annotations
@@ -69,30 +69,6 @@ def segment_counts(segments: Tensor, num_segments: int) -> Tensor:
     """``[S]`` int64 number of rows in each segment."""
     ones = torch.ones_like(segments)
     return torch.index_add(segments.new_zeros(num_segments), 0, segments, ones)
-
-
-def segment_mean(
-    values: Tensor, segments: Tensor, num_segments: int, counts: Tensor | None = None
-) -> Tensor:
-    """Mean of each segment's rows; NaN for a segment without rows.
-
-    Args:
-        values: ``[T, *rest]`` floating point.
-        segments: ``[T]`` int64 output row of every packed row.
-        num_segments: ``S``.
-        counts: ``[S]`` rows per segment when the caller already knows them.
-
-    Returns:
-        ``[S, *rest]``. The NaN of an empty segment sits behind a ``where``, so
-        every derivative (of any order) stays finite.
-    """
-    if counts is None:
-        counts = segment_counts(segments, num_segments)
-    total = segment_sum(values, segments, num_segments)
-    counts = _column(counts, total)
-    present = counts > 0
-    safe = torch.where(present, counts, torch.ones_like(counts)).to(total.dtype)
-    return torch.where(present, total / safe, torch.full_like(total, float("nan")))
 
 
 def pad(

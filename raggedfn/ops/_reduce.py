@@ -10,7 +10,8 @@ axis of size 1 at its logical position.
 Empty samples (DESIGN §4): sum 0, prod 1, mean/var/std NaN, amax/amin the
 identity (-inf/+inf, the dtype's extremes for integers), argmax/argmin -1,
 logsumexp -inf, all True, any False, norm 0 (+inf for ``p=-inf``).
-Gradients through them are finite.
+Gradients through them are finite; in forward mode the mean of an empty
+sample has a NaN tangent, as ``torch.mean`` of an empty tensor.
 
 Reducing one of two ragged axes (an ``(N*, M*)`` sample) reads the number of
 output rows on the host once, since it depends on the data.
