@@ -316,17 +316,12 @@ def _batching_cases() -> list[Any]:
     return cases
 
 
-# (family, mode) -> why it is not fully batched today: the report's fallback
-SDPA_DROPOUT = "aten.scaled_dot_product_attention.default: attention dropout"
-SDPA_DROPOUT_IN_TRAINING = ("bert", "roberta", "distilbert", "electra", "xlm_roberta", "esm")
-SDPA_DROPOUT_IN_TRAINING += ("t5_encoder", "gpt2")
-FALLS_BACK: dict[tuple[str, str], str] = {
-    **{(name, "train"): SDPA_DROPOUT for name in SDPA_DROPOUT_IN_TRAINING},
-    # make_log_bucket_position: ``torch.tensor(mid - 1).type_as(relative_pos)``, a
-    # constant cast to the dtype of the per-sample [N, N] relative positions
-    ("deberta_v2", "eval"): "aten.type_as.default: type_as of an unbatched tensor",
-    ("deberta_v2", "train"): "aten.type_as.default: type_as of an unbatched tensor",
-}
+# (family, mode) -> why it is not fully batched today: the report's fallback (none left:
+# attention dropout and masks built from positions run on the fused paths, DeBERTa-v2's
+# shared ``type_as`` constant stays shared)
+FALLS_BACK: dict[tuple[str, str], str] = {}
+# families whose default attention is written out (softmax, dropout, matmul), no SDPA call
+EAGER_ATTENTION = ("mpnet", "deberta_v2")
 
 
 # map's cache keeps 16 variants of one function (here: of ``per_sample``'s code, for
@@ -349,6 +344,10 @@ def report_of(name: str, mode: str) -> Any:
 @pytest.mark.parametrize(("name", "mode"), _batching_cases())
 def test_runs_fully_batched(name, mode):
     report = report_of(name, mode)
+    # every attention call on torch's kernels: masks from positions (no cache, sliding
+    # windows, local layers, T5's position bias) and dropout included
+    assert bool(report.attention) == (name not in EAGER_ATTENTION), report
+    assert set(report.attention) <= {"fused", "fused with a mask"}, report.attention
     out = report.output
     assert isinstance(out, raggedfn.Ragged) and out.lengths.tolist() == LENGTHS
     assert out.values.shape == (sum(LENGTHS), HIDDEN) and out.values.isfinite().all()
