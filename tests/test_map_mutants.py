@@ -762,21 +762,22 @@ def test_strict_refuses_the_loop_for_a_sample_empty_in_one_input_only():
 
 
 def test_the_report_lists_each_per_sample_loop_with_its_reason():
-    # a shared weight cast to the sample's dtype: type_as of a tensor that is the same
-    # for every sample runs per sample (correct, reported as such)
+    # a shared weight cast to the sample's dtype stays shared (type_as batches); a flip
+    # has no batching rule and runs per sample (correct, reported as such)
     x, w = tokens(), weights(D).float()
 
     def f(t):
-        return w.type_as(t) + t
+        return torch.flip(w.type_as(t) + t, [0])
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaggedPerformanceWarning)
         report = raggedfn.map_report(f, x)
     assert_same(report.output, loop(f, x))
-    assert report.fallback == {"aten.type_as.default": "type_as of an unbatched tensor"}
+    assert report.fallback == {"aten.flip.default": "no batching rule"}
+    assert report.batched.get("aten.type_as.default") == 1
     lines = str(report).splitlines()
     start = lines.index("  per-sample loop (no batching rule):")
-    assert lines[start + 1] == "    aten.type_as.default: type_as of an unbatched tensor"
+    assert lines[start + 1] == "    aten.flip.default: no batching rule"
 
 
 def test_groups_of_samples_read_a_captured_tensor():
