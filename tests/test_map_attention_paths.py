@@ -224,7 +224,7 @@ def test_buckets_give_no_fully_masked_padding_rows(monkeypatch):
     monkeypatch.setattr(_attention_masked.F, "scaled_dot_product_attention", spy)
     x = _x((5, 9, 3, 1, 7, 9, 2))
     _attention_masked.attention_with_mask(
-        *(raggedfn.from_list([s.transpose(0, 0) for s in samples(x)]),) * 3,
+        *(raggedfn.from_list(samples(x)),) * 3,
         raggedfn.from_list(
             [MASKS["sliding window"](s, s.shape[0])[..., None] for s in samples(x)],
             ragged_dims=(1, 2),
