@@ -1,4 +1,4 @@
-"""Plant each of issue #20's five one-line bugs, run its targeted tests, time them, restore.
+"""Plant each of five one-line bugs the suite must catch, run its targeted tests, time them, restore.
 
 Run from the repository root: ``python -m tests.planted_bugs [name ...]``. Each bug is
 planted by replacing one exact line, the targeted selection runs with ``pytest -x``,
@@ -25,8 +25,8 @@ class Bug(NamedTuple):
 BUGS = {
     "logsumexp_without_shift": Bug(
         "raggedfn/_prims/_softmax.py",
-        "    shift = _shift(values, segments, num_segments)\n    total = segment_sum(",
-        "    shift = _shift(values, segments, num_segments) * 0\n    total = segment_sum(",
+        "    shift = _shift(values, segments, num_segments, dims)\n",
+        "    shift = _shift(values, segments, num_segments, dims) * 0\n",
         ("tests/test_prims.py",),
     ),
     "compiled_attention_drops_scale": Bug(
@@ -37,9 +37,9 @@ BUGS = {
     ),
     "cumsum_first_ragged_axis_exclusive": Bug(
         "raggedfn/ops/_scan.py",
-        "    moved = segment_cumsum(values.index_select(0, source), moved_starts)",
-        "    moved = segment_cumsum(values.index_select(0, source), moved_starts)"
-        " - values.index_select(0, source)",
+        "    moved = segment_cumsum(take_rows(values, source), moved_starts)",
+        "    moved = segment_cumsum(take_rows(values, source), moved_starts)"
+        " - take_rows(values, source)",
         ("tests/test_scan.py",),
     ),
     "permute_inverse": Bug(

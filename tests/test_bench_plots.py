@@ -1,6 +1,6 @@
 """Every committed benchmark record has its plot, and ``benchmarks.plots`` can redraw it.
 
-docs/benchmarks.md links one plot per workload (issue #18); these tests keep a record
+docs/benchmarks.md links one plot per workload; these tests keep a record
 from landing without one and check that the plotter of every record kind still reads
 the records as they are written.
 """

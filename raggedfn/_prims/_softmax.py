@@ -141,7 +141,7 @@ def _log_softmax(values: Tensor, segments: Tensor, num_segments: int) -> Tensor:
 # buffer of its own instead of one per operation: two [T, *rest] buffers where the
 # general rules below make four, the same operations on the same values in the same
 # order (bit for bit). Multi-MiB buffers are fresh pages at every call under glibc's
-# defaults (docs/benchmarks.md, Method).
+# defaults (docs/benchmarks-method.md).
 
 
 def _first_order_softmax(grad: Tensor, out: Tensor, gathered: Tensor) -> Tensor:

@@ -137,6 +137,16 @@ def _per_sample(
     return Ragged(torch.cat(outs), q.offsets, q.sizes, q.layout)
 
 
+def head_views(x: Ragged, counts: list[int], batch: bool) -> tuple[Tensor, ...]:
+    """Each sample's ``[H, N_i, D]`` view of ``x``'s packed ``[T, H, D]`` values (``[1, H,
+    N_i, D]`` with ``batch``): views of ``[H, T, D]``, with one head-major copy only where
+    ``D`` is not the unit-stride axis (the kernel rounds differently there, and is slower)."""
+    logical = x.values.permute(x.layout.physical_to_logical()).transpose(0, 1)
+    if logical.stride(-1) != 1:
+        logical = logical.contiguous()
+    return logical.unsqueeze(0).split(counts, dim=2) if batch else logical.split(counts, dim=1)
+
+
 def _per_sample_views(
     q: Ragged, k: Ragged, v: Ragged, sizes: dict[str, list[int]], causal: bool, scale: float | None
 ) -> Ragged:
@@ -148,15 +158,7 @@ def _per_sample_views(
     ``B`` permuted copies out: 0.4-0.6x its time for BERT-sized batches (B <= 16, N ~ 20).
     """
 
-    def heads(x: Ragged, counts: list[int]) -> tuple[Tensor, ...]:
-        # [H, T, D], a view; one head-major copy only where D is not the unit-stride axis
-        # (the kernel rounds differently there, and is slower)
-        logical = x.values.permute(x.layout.physical_to_logical()).transpose(0, 1)
-        if logical.stride(-1) != 1:
-            logical = logical.contiguous()
-        return logical.unsqueeze(0).split(counts, dim=2)
-
-    qs, ks, vs = heads(q, sizes["n"]), heads(k, sizes["m"]), heads(v, sizes["m"])
+    qs, ks, vs = (head_views(t, sizes[s], batch=True) for t, s in ((q, "n"), (k, "m"), (v, "m")))
     outs = []
     for query, key, value, n, m in zip(qs, ks, vs, sizes["n"], sizes["m"], strict=True):
         mask: Tensor | None = None

@@ -23,19 +23,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .._errors import fail
 from .._ragged import Ragged
 from . import _bucket
-from ._attention import LOOP_MAX_BATCH, VIEWS_MIN_WORK
+from ._attention import LOOP_MAX_BATCH, VIEWS_MIN_WORK, head_views
 from ._attention_checks import check_arguments
 
 __all__: list[str] = []
-
-
-def _heads(x: Ragged, counts: list[int]) -> tuple[Tensor, ...]:
-    """``[H, N_i, D]`` views of each sample (a head-major copy only where ``D`` is not the
-    unit-stride axis, as :func:`raggedfn.attention`'s per-sample path does)."""
-    logical = x.values.permute(x.layout.physical_to_logical()).transpose(0, 1)
-    if logical.stride(-1) != 1:
-        logical = logical.contiguous()
-    return logical.split(counts, dim=1)
 
 
 def _per_sample(
@@ -54,7 +45,7 @@ def _per_sample(
     if mask is not None:
         width = mask.values.shape[1]
         masks = mask.values.split([n * m for n, m in zip(n_list, m_list, strict=True)])
-    qs, ks, vs = _heads(q, n_list), _heads(k, m_list), _heads(v, m_list)
+    qs, ks, vs = (head_views(t, c, batch=False) for t, c in ((q, n_list), (k, m_list), (v, m_list)))
     outs = []
     for b, (query, key, value) in enumerate(zip(qs, ks, vs, strict=True)):
         attn_mask: Tensor | None = None
