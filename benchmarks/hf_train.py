@@ -256,6 +256,7 @@ def measure(family: str, size: Size, rounds: int) -> dict[str, Any]:
     report = raggedfn.map_report(fns["_one"], fns["_tokens"])
     packed_apart = _apart(checked)
     cell: dict[str, Any] = {
+        "flop_ideal": flop_ideal(family, model, size.lengths),
         "attention": model.config._attn_implementation,
         "dropout": _dropout_of(model.config),
         "check_float64_eval": checked,
@@ -310,6 +311,40 @@ def ideal(lengths: list[int]) -> dict[str, float]:
         "pairs_over_padded": batch * longest**2 / squares,
         # the packed row attends over all T^2 pairs (masked or not) with SDPA's dense mask
         "pairs_over_packed": total**2 / squares,
+    }
+
+
+def flop_ideal(family: str, model: Any, lengths: list[int]) -> dict[str, float]:
+    """The matmul-FLOP ratios of the three systems: the speedup over padded and over the
+    packed row that ``map`` would reach if time followed the matrix products alone.
+
+    Per token: one multiply-add per weight of every linear layer (``nn.Linear`` and
+    transformers' ``Conv1D``), plus for DeBERTa-v2 its two products with the relative
+    position keys (``2 * 2 * position_buckets * hidden`` per layer: c2p and p2c against
+    the ``2 * buckets`` relative embeddings). Per (query, key) pair: ``2 * hidden`` per
+    layer (scores and the weighted sum of values). Padded does ``B * N_max`` tokens and
+    ``B * N_max^2`` pairs, the packed row ``T`` tokens and ``T^2`` pairs (its mask hides
+    pairs, SDPA still computes them), map ``T`` tokens and ``sum N_i^2`` pairs. The
+    backward's products are twice the forward's for both terms, so the ratios hold for
+    the whole step; elementwise work (norms, softmax, dropout, masks) is not counted.
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    config = model.config
+    hidden = getattr(config, "hidden_size", None) or config.d_model
+    layers = getattr(config, "num_hidden_layers", None) or config.num_layers
+    per_token = float(
+        sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear | Conv1D))
+    )
+    if family == "deberta_v2":
+        per_token += layers * 2 * 2 * config.position_buckets * hidden
+    per_pair = 2.0 * hidden * layers
+    batch, longest, total = len(lengths), max(lengths), sum(lengths)
+    squares = sum(n * n for n in lengths)
+    mapped = total * per_token + squares * per_pair
+    return {
+        "map_over_padded": (batch * longest * per_token + batch * longest**2 * per_pair) / mapped,
+        "map_over_packed": (total * per_token + total**2 * per_pair) / mapped,
     }
 
 
@@ -376,23 +411,30 @@ def markdown(record: dict[str, Any]) -> str:
         f"{record['threads']} thread(s), median of {record['rounds']} rounds",
         "",
         "| family | padded ms | packed ms | map ms | map over padded | map over packed "
+        "| FLOP ideal over padded / packed "
         "| packed keeps sequences apart (float64 error) | map fully batched |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     notes = []
     for family, c in record["families"].items():
         err = c["check_float64_eval"]["max_error"]["packed"]
         apart = f"{'yes' if c['packed_keeps_sequences_apart'] else 'NO'} ({err:.2g})"
         batched = "yes" if c["map_fully_batched"] else "no"
+        flops = c.get("flop_ideal")
+        ideal_cell = (
+            f"{flops['map_over_padded']:.2f}x / {flops['map_over_packed']:.2f}x" if flops else ""
+        )
         if c["status"] != "ok":
-            lines.append(f"| {family} | | | | {c['status']} | | {apart} | {batched} |")
+            lines.append(
+                f"| {family} | | | | {c['status']} | | {ideal_cell} | {apart} | {batched} |"
+            )
             continue
         ms = c["median_ms"]
         lines.append(
             f"| {family} | {ms['padded']:.1f} | {ms['packed']:.1f} | {ms['map']:.1f} | "
             f"{c['map_over_padded']:.2f}x | {c['map_over_packed']:.2f}x"
             f"{'' if c['packed_keeps_sequences_apart'] else ' (packed mixes)'} | "
-            f"{apart} | {batched} |"
+            f"{ideal_cell} | {apart} | {batched} |"
         )
         if not c["map_fully_batched"]:
             why = [c["map_whole_loop"] or c["map_partial_loop"] or ""]

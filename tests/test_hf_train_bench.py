@@ -104,3 +104,20 @@ def test_the_loss_sees_the_model():
         model.embeddings.word_embeddings.weight.mul_(1.5)
         after = float(hf_train.loss_of(fns["padded"]()))
     assert abs(after - before) > 1e-3 * before
+
+
+@pytest.mark.parametrize("family", ["bert", "llama", "gpt2"])
+def test_flop_ideal_counts_the_linear_layers_and_the_attention_pairs(family):
+    """The FLOP ideal against the layer shapes written out: BERT and GPT-2 have four
+    ``h x h`` projections and two ``h x f`` MLP matrices per layer, Llama three MLP
+    matrices (gated); GPT-2's ``Conv1D`` layers count as linear ones."""
+    size = hf_train.QUICK
+    h, f, layers = size.hidden, size.intermediate, size.layers
+    model = hf_train.make_model(family, size)
+    per_token = layers * (4 * h * h + (3 if family == "llama" else 2) * h * f)
+    per_pair = 2 * h * layers
+    lengths = [3, 1, 6]
+    mapped = 10 * per_token + (9 + 1 + 36) * per_pair
+    got = hf_train.flop_ideal(family, model, lengths)
+    assert got["map_over_padded"] == pytest.approx((18 * per_token + 108 * per_pair) / mapped)
+    assert got["map_over_packed"] == pytest.approx((10 * per_token + 100 * per_pair) / mapped)
