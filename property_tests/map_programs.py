@@ -12,7 +12,7 @@ The state ``h`` of a program has a kind that each step's table entry checks:
 Emitting steps add an output ``o0, o1, ...`` (per-sample sizes, Python numbers,
 integer counts, data-dependent selections, aliases of ``h``) without changing
 ``h``. Step arguments are drawn from small domains listed simplest first, so the
-shrinker in ``map_oracle`` simplifies a step by trying earlier entries.
+shrinker in ``map_search`` simplifies a step by trying earlier entries.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ first 8 hex digits of the commit (``git rev-parse HEAD``) as an integer, so ever
 commit checks other programs and a failure names the seed that reproduces it;
 ``RAGGEDFN_PROGRAM_SEED`` overrides it, and without git it is a fixed seed.
 
-``run_sharded`` checks the same programs as ``map_oracle.run_many`` (program ``i``
+``run_sharded`` checks the same programs as ``map_search.run_many`` (program ``i``
 of a seed depends on nothing else) in several processes, each with one torch
 thread: the cost is ``map``'s trace of each new program (a fresh function, so
 nothing can be reused across programs), which is Python work on one core.
@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 import raggedfn
-from property_tests.map_oracle import MapFn, Summary, run_many, shrink_some
+from property_tests.map_oracle import MapFn
+from property_tests.map_search import Summary, run_many, shrink_some
 
 SEED_ENV = "RAGGEDFN_PROGRAM_SEED"
 WORKERS_ENV = "RAGGEDFN_PROGRAM_WORKERS"

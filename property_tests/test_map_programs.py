@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import raggedfn
-from property_tests.map_oracle import FAILURES, check, loop_map, run_many, shrink
+from property_tests.map_oracle import FAILURES, check, loop_map
 from property_tests.map_programs import (
     VOCABULARY,
     Batch,
@@ -31,6 +31,7 @@ from property_tests.map_programs import (
     reproducer,
 )
 from property_tests.map_runs import default_workers, program_seed, rerun_commands, run_sharded
+from property_tests.map_search import run_many, shrink
 
 SEED, _ = program_seed()
 
