@@ -59,9 +59,23 @@ class Model(torch.nn.Module):
         super().__init__()
         self.blocks = torch.nn.ModuleList([Block() for _ in range(BLOCKS)])
         self.head = torch.nn.Linear(D, 1, dtype=DTYPE)
+        # used by "outside" only: sharded modules f can reach but does not call, one
+        # run before map (its backward after map's) and one after
+        self.pre = torch.nn.Linear(D, D, dtype=DTYPE)
+        self.post = torch.nn.Linear(D, 1, dtype=DTYPE)
         self.how = how
 
     def forward(self, x: raggedfn.Ragged, scale: float) -> torch.Tensor:
+        if self.how == "outside":
+            x = x.with_values(self.pre(x.values))
+
+            def pooled(t: torch.Tensor) -> torch.Tensor:
+                for block in self.blocks:
+                    t = block(t)
+                return t.sum(0)
+
+            return (self.post(raggedfn.map(pooled, x)) ** 2).sum() * scale
+
         def per_sample(t: torch.Tensor) -> torch.Tensor:
             for block in self.blocks:
                 if self.how == "checkpoint":
@@ -119,7 +133,7 @@ def _sharded(how: str, blocks: bool) -> Model:
     torch.manual_seed(0)
     model = Model(how)
     if blocks:
-        for block in model.blocks:
+        for block in [*model.blocks, model.pre, model.post]:
             fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
@@ -140,6 +154,13 @@ def check_root_only(rank: int) -> list[str]:
 
 def check_every_block_sharded(rank: int) -> list[str]:
     return _check("call", blocks=True, rank=rank)
+
+
+def check_sharded_modules_outside_map(rank: int) -> list[str]:
+    """f closes over the whole model: map also gathers the sharded modules that run
+    before and after it (as if f called them and dropped their outputs), and FSDP2
+    still reduces each one's gradients once they are complete."""
+    return _check("outside", blocks=True, rank=rank)
 
 
 def check_blocks_sharded_with_checkpointing(rank: int) -> list[str]:
@@ -172,7 +193,9 @@ def check_one_all_gather_per_block_per_map_call(rank: int) -> list[str]:
         for lengths in ([3], [2, 4, 1, 5, 3]):
             counts.clear()
             model(_tokens(lengths, seed=rank), 1.0).backward()
-            expected = {f"blocks.{i}": 2 for i in range(BLOCKS)} | {"head": 1}
+            # pre and post: f can reach them, so map gathers them as well
+            expected = {f"blocks.{i}": 2 for i in range(BLOCKS)} | {"pre": 2, "post": 2}
+            expected["head"] = 1  # the root: gathered once, kept until the backward
             if counts != expected:
                 problems.append(f"{len(lengths)} samples: all-gathers {counts}")
     finally:

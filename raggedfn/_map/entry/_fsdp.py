@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable
@@ -36,12 +37,15 @@ import torch.utils._pytree as pytree
 
 from ..._ragged import Ragged
 from ..tracing._deps import _code_names, is_library_file
+from ..tracing._trace import tracing
 
 _MAX_DEPTH = 12
 _MAX_ITEMS = 256
 
 # FSDP states whose forward is the current map call (their hooks are benign meanwhile)
 _ACTIVE: set[int] = set()
+# map calls under way in this thread: a map inside f (run per sample) gathers nothing
+_LOCAL = threading.local()
 
 
 def _states() -> Any:
@@ -152,11 +156,21 @@ def _grad_tensors(args: tuple[Any, ...]) -> tuple[list[Any], Any, list[int]]:
 
 def around(f: Callable[..., Any], args: tuple[Any, ...], call: Callable[..., Any]) -> Any:
     """``call(args)``, with the FSDP2-sharded modules ``f`` reaches gathered around it."""
-    if _states() is None or torch.compiler.is_compiling():
+    if _states() is None or torch.compiler.is_compiling() or tracing():
         return call(args)
     found = _fsdp()
-    if found is None:
+    if found is None or getattr(_LOCAL, "depth", 0):
         return call(args)
+    _LOCAL.depth = 1
+    try:
+        return _around(f, args, call, found)
+    finally:
+        _LOCAL.depth = 0
+
+
+def _around(
+    f: Callable[..., Any], args: tuple[Any, ...], call: Callable[..., Any], found: Any
+) -> Any:
     kind, training = found
     from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
 

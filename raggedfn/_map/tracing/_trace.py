@@ -110,11 +110,11 @@ def _refuse_hooked(module: torch.nn.Module, args: Any) -> None:
         if not active(module):
             raise fail(
                 "map",
-                f"f calls a {type(module).__name__} sharded by FSDP2 (fully_shard) that map "
-                "did not find from f (through closures, bound self, defaults, globals, "
-                "containers and submodules), so its parameters are not gathered: pass "
-                "the module (or one that contains it) as an argument with in_dims=None, "
-                "or close over it",
+                f"f calls a {type(module).__name__} sharded by FSDP2 (fully_shard) whose "
+                "parameters map did not gather: map gathers the sharded modules it finds "
+                "from f (closures, bound self, defaults, globals, containers, submodules) "
+                "once around the call, not those of a map nested inside f; close over "
+                "the module or pass it as an argument with in_dims=None",
             )
         own = own_hooks(module)  # made benign for this call: parameters gathered once
     hooks = [
