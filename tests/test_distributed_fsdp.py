@@ -59,10 +59,11 @@ class Model(torch.nn.Module):
         super().__init__()
         self.blocks = torch.nn.ModuleList([Block() for _ in range(BLOCKS)])
         self.head = torch.nn.Linear(D, 1, dtype=DTYPE)
-        # used by "outside" only: sharded modules f can reach but does not call, one
-        # run before map (its backward after map's) and one after
-        self.pre = torch.nn.Linear(D, D, dtype=DTYPE)
-        self.post = torch.nn.Linear(D, 1, dtype=DTYPE)
+        # sharded modules f can reach but does not call: run before map (their backward
+        # after map's) and after it with "outside", not at all otherwise (not for DDP)
+        if how != "ddp":
+            self.pre = torch.nn.Linear(D, D, dtype=DTYPE)
+            self.post = torch.nn.Linear(D, 1, dtype=DTYPE)
         self.how = how
 
     def forward(self, x: raggedfn.Ragged, scale: float) -> torch.Tensor:
@@ -210,10 +211,10 @@ def check_ddp_still_works(rank: int) -> list[str]:
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)
-    model = Model()
+    model = Model("ddp")
     ddp = DistributedDataParallel(model)
     _train_parallel(rank, model, ddp)
-    problems = _compare(model, _train_single("call"))
+    problems = _compare(model, _train_single("ddp"))
     del ddp  # see docs/distributed.md: free DDP before the process group
     return problems
 
