@@ -207,10 +207,13 @@ class _Gathered:
             leaves[i].values if isinstance(leaves[i], Ragged) else leaves[i] for i in where
         )
         for module, state in self.pairs:
-            # FSDP2's own pre-forward: all-gather, post-backward hook on the inputs
-            out, _ = state._pre_forward(module, tensors, {})
+            # FSDP2's own pre-forward (all-gather), given no inputs: it would cast them
+            # to a mixed-precision dtype, which the modules' own hooks inside f do
+            state._pre_forward(module, (), {})
             self.entered.append((module, state))
-            tensors = tuple(out)
+            for group in state._fsdp_param_groups:
+                # its post-backward hook on the inputs, as the pre-forward registers it
+                tensors = tuple(group._register_post_backward_hook(tensors, {})[0])
             state._training_state = self.training.PRE_BACKWARD  # hooks inside f: benign
             _ACTIVE.add(id(state))
         for i, t in zip(where, tensors, strict=True):
@@ -226,10 +229,12 @@ class _Gathered:
         for module, state in reversed(self.entered):
             _ACTIVE.discard(id(state))
             state._training_state = self.training.FORWARD
-            with warnings.catch_warnings():
-                # map's outputs are fresh tensors (a view of one is no user's in-place target)
-                warnings.filterwarnings("ignore", "FSDP2-wrapped module", UserWarning)
-                tensors = tuple(state._post_forward(module, tensors if ok else (), tensors))
+            state._post_forward(module, (), ())  # reshard; no output cast (see enter)
+            if ok:
+                with warnings.catch_warnings():
+                    # map's outputs are fresh (a view among them is no in-place target)
+                    warnings.filterwarnings("ignore", "FSDP2-wrapped module", UserWarning)
+                    tensors = tuple(state._register_pre_backward_hook(tensors))
         if not ok:
             return out
         for i, t in zip(where, tensors, strict=True):
