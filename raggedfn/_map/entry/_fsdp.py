@@ -135,11 +135,11 @@ def own_hooks(module: torch.nn.Module) -> set[int]:
     from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
 
     state = _get_module_fsdp_state(module)
-    ids = set()
+    ids: set[int] = set()
     for name in ("_pre_forward_hook_handle", "_post_forward_hook_handle"):
-        handle = getattr(state, name, None)
-        if handle is not None:
-            ids.add(getattr(handle, "id", None))
+        key = getattr(getattr(state, name, None), "id", None)
+        if isinstance(key, int):
+            ids.add(key)
     return ids
 
 
@@ -159,13 +159,13 @@ def around(f: Callable[..., Any], args: tuple[Any, ...], call: Callable[..., Any
     if _states() is None or torch.compiler.is_compiling() or tracing():
         return call(args)
     found = _fsdp()
-    if found is None or getattr(_LOCAL, "depth", 0):
+    if found is None or getattr(_LOCAL, "busy", False):
         return call(args)
-    _LOCAL.depth = 1
+    _LOCAL.busy = True
     try:
         return _around(f, args, call, found)
     finally:
-        _LOCAL.depth = 0
+        _LOCAL.busy = False
 
 
 def _around(
