@@ -31,11 +31,17 @@ WORLD = 2
 D = 4
 DTYPE = torch.float64
 BLOCKS = 3
-STEPS = [([3, 1, 4], [2, 5]), ([1, 2], [6, 0, 3])]  # per step: rank 0's and rank 1's lengths
+# per step: rank 0's and rank 1's lengths (rank 1 holds no sample in the last step: it
+# gathers and reduces all the same, or rank 0 would wait for it)
+STEPS = [([3, 1, 4], [2, 5]), ([1, 2], [6, 0, 3]), ([2, 3], [])]
 
 
 def _tokens(lengths: list[int], seed: int) -> raggedfn.Ragged:
     gen = torch.Generator().manual_seed(seed)
+    if not lengths:
+        return raggedfn.from_lengths(
+            torch.zeros(0, D, dtype=DTYPE), torch.zeros(0, dtype=torch.int64)
+        )
     return raggedfn.from_list([torch.randn(n, D, generator=gen, dtype=DTYPE) for n in lengths])
 
 
