@@ -230,6 +230,35 @@ def check_traced_once(rank: int) -> list[str]:
     return [] if (info.traces, info.hits) == (1, 2) else [f"{info}"]
 
 
+def check_error_inside_f_leaves_fsdp_usable(rank: int) -> list[str]:
+    """f raises (on every rank): the gathered blocks are freed again, and training
+    afterwards equals one process."""
+    model = _sharded("call", blocks=True)
+    blocks = model.blocks
+
+    def broken(t: torch.Tensor) -> torch.Tensor:
+        for block in blocks:
+            t = block(t)
+        raise ValueError("broken f")
+
+    # FSDP2 initializes from the first module whose forward runs: the root's, first
+    model(_tokens([2], seed=rank), 0.0).backward()
+    problems = []
+    try:
+        with warnings.catch_warnings():  # the loop that runs after the trace fails
+            warnings.simplefilter("ignore", raggedfn.RaggedPerformanceWarning)
+            raggedfn.map(broken, _tokens([2, 3], seed=rank))
+    except (ValueError, raggedfn.RaggedError) as error:
+        if "broken f" not in str(error):
+            problems.append(f"error: {error}")
+    else:
+        problems.append("no error")
+    if not all(hasattr(p, "full_tensor") for p in blocks.parameters()):
+        problems.append("blocks left gathered after the error")
+    _train_parallel(rank, model, model)
+    return problems + _compare(model, _train_single("call"))
+
+
 def check_ddp_still_works(rank: int) -> list[str]:
     from torch.nn.parallel import DistributedDataParallel
 
