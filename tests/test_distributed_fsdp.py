@@ -11,6 +11,7 @@ call in the forward and one in the backward, whatever the number of samples.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import math
 import warnings
@@ -257,6 +258,44 @@ def check_error_inside_f_leaves_fsdp_usable(rank: int) -> list[str]:
         problems.append("blocks left gathered after the error")
     _train_parallel(rank, model, model)
     return problems + _compare(model, _train_single("call"))
+
+
+def _pooled(blocks: torch.nn.ModuleList, t: torch.Tensor) -> torch.Tensor:
+    for block in blocks:
+        t = block(t)
+    return t.sum(0)
+
+
+def check_mixed_precision_equals_fsdp_per_sample_loop(rank: int) -> list[str]:
+    """``MixedPrecisionPolicy(param_dtype=float32)``: each block casts its inputs as
+    FSDP2 does for it, inside f. Reference: the same sharded model with a Python
+    loop over the samples (FSDP2's hooks at every block call; both ranks hold 3
+    samples so that they make the same number of calls)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.float32)
+    x = _tokens([[3, 5, 2], [4, 1, 6]][rank], seed=rank)
+    grads = []
+    for batched in (True, False):
+        torch.manual_seed(0)
+        model = Model()
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        f = functools.partial(_pooled, model.blocks)  # map finds the blocks in f.args
+        y = raggedfn.map(f, x) if batched else torch.stack([f(t) for t in samples(x)])
+        (y**2).sum().backward()
+        if y.dtype != torch.float32:
+            return [f"{'map' if batched else 'loop'} computed in {y.dtype}"]
+        grads.append({n: p.grad.full_tensor() for n, p in model.blocks.named_parameters()})
+    problems = []
+    for name, want in grads[1].items():
+        got = grads[0][name]
+        if got.dtype != DTYPE or not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
+            problems.append(f"{name}: {got.dtype}, max error {(got - want).abs().max():.3g}")
+    return problems
 
 
 def check_ddp_still_works(rank: int) -> list[str]:

@@ -16,6 +16,10 @@ nothing; after it, FSDP2's post-forward (reshard, pre-backward hook on ``map``'s
 outputs). Gradients reach the gathered parameters through ``map``'s plan and FSDP2
 reduce-scatters them as for any module.
 
+What is gathered depends only on what ``f`` reaches and on FSDP2's state, the same
+on every rank, never on this rank's trace, cache or samples: ranks make the same
+collectives in the same order.
+
 Reaching a module: through closure cells, bound ``self``, defaults,
 ``functools.partial``, globals ``f``'s code names (and those of the user functions
 found there), containers, attributes of user objects, and submodules. A sharded
