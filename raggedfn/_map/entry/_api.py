@@ -28,6 +28,7 @@ from ..running._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
 from ..running._split import empty_result
 from ..tracing._trace import tracing
 from ._compiled import compiled_map
+from ._fsdp import around
 
 _RANDOMNESS = ("different", "same", "error")
 
@@ -212,6 +213,17 @@ def map(
         >>> y.shape
         torch.Size([2, 5])
     """
+    return around(f, args, lambda a: _call(f, a, in_dims, strict, randomness, chunk_elements))
+
+
+def _call(
+    f: Callable[..., Any],
+    args: tuple[Any, ...],
+    in_dims: Any,
+    strict: bool,
+    randomness: str,
+    chunk_elements: int | None,
+) -> Any:
     out = _warm.call(f, args, in_dims, strict, randomness, chunk_elements)
     if out is _warm.MISS:
         return _map(f, args, in_dims, strict, randomness, None, chunk_elements)
@@ -253,7 +265,9 @@ def map_report(
     report = MapReport()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaggedPerformanceWarning)
-        report.output = _map(f, args, in_dims, False, randomness, report, chunk_elements)
+        report.output = around(
+            f, args, lambda a: _map(f, a, in_dims, False, randomness, report, chunk_elements)
+        )
     return report
 
 

@@ -81,6 +81,10 @@ _MODULE_SKIP = frozenset(
     }
 )
 
+# the state of torch's composable APIs (FSDP2's ``fully_shard``: gathered or not,
+# training state, streams): bookkeeping around the forward, changing at every call
+_COMPOSABLE = "__composable_api_state_key"
+
 
 def _library_roots() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
@@ -274,6 +278,12 @@ class _Walker:
 
     def _compound(self, var: str, value: Any, path: str, depth: int) -> None:
         deps = self.deps
+        composable = sys.modules.get("torch.distributed._composable_state")
+        if composable is not None and isinstance(value, composable._State):
+            # FSDP2's state (reached through its hooks): gathered or not, streams,
+            # training state; one object per sharded module, bookkeeping only
+            deps.require(f"{var} is {deps.const(value)}")
+            return
         kind = type(value)
         deps.require(f"type({var}) is {deps.const(kind)}")
         if not _is_library_class(kind) and not isinstance(value, types.FunctionType):
@@ -397,7 +407,7 @@ class _Walker:
         deps = self.deps
         state = vars(module)
         for name in sorted(state, key=str):
-            if name in _MODULE_SKIP:
+            if name in _MODULE_SKIP or str(name).startswith(_COMPOSABLE):
                 continue
             node = deps.node(var, f".__dict__[{name!r}]")
             self.walk(node, state[name], f"{path}.{name}", depth + 1)

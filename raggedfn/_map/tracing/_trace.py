@@ -103,15 +103,25 @@ def _refuse_hooked(module: torch.nn.Module, args: Any) -> None:
         return
     fsdp = sys.modules.get("torch.distributed.fsdp")
     sharded = getattr(fsdp, "FSDPModule", None) if fsdp is not None else None
+    own: set[int] = set()
     if sharded is not None and isinstance(module, sharded):
-        raise fail(
-            "map",
-            f"f calls a {type(module).__name__} sharded by FSDP2 (fully_shard): its hooks "
-            "gather parameters around each call, which neither a batched trace nor a "
-            "per-sample loop can reproduce (ranks would disagree on the number of calls); "
-            "shard the module that calls raggedfn.map instead",
-        )
-    hooks = [name.strip("_") for name in _MODULE_HOOKS if getattr(module, name, None)]
+        from ..entry._fsdp import active, own_hooks
+
+        if not active(module):
+            raise fail(
+                "map",
+                f"f calls a {type(module).__name__} sharded by FSDP2 (fully_shard) whose "
+                "parameters map did not gather: map gathers the sharded modules it finds "
+                "from f (closures, bound self, defaults, globals, containers, submodules) "
+                "once around the call, not those of a map nested inside f; close over "
+                "the module or pass it as an argument with in_dims=None",
+            )
+        own = own_hooks(module)  # made benign for this call: parameters gathered once
+    hooks = [
+        name.strip("_")
+        for name in _MODULE_HOOKS
+        if any(key not in own for key in getattr(module, name, None) or ())
+    ]
     if hooks:
         # hooks are Python side effects around each call: the per-sample loop runs them
         raise Unsupported(f"f calls a {type(module).__name__} with {', '.join(hooks)}")
