@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.utils._device import DeviceContext
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..._errors import fail
@@ -175,12 +176,16 @@ def _trace(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...
 @contextlib.contextmanager
 def _outside_outer_trace() -> Iterator[None]:
     """No mode of an enclosing trace (``torch.export``'s non-strict tracing: its proxy,
-    fake and torch-function modes) sees the trace of ``f``, which has its own."""
+    fake and torch-function modes) sees the trace of ``f``, which has its own; a
+    ``with torch.device(...)`` around the call still applies inside."""
     functions = []
     while torch._C._len_torch_function_stack() > 0:
         functions.append(torch._C._pop_torch_function_stack())
+    kept = [m for m in reversed(functions) if isinstance(m, DeviceContext)]
     try:
-        with _disable_current_modes():
+        with _disable_current_modes(), contextlib.ExitStack() as stack:
+            for mode in kept:
+                stack.enter_context(mode)
             yield
     finally:
         for mode in reversed(functions):
