@@ -39,13 +39,15 @@ def _unflatten(leaves: Any, layout: Layout) -> Ragged:
 
 
 @dataclass(frozen=True)
-class RowOffsetsKey:
-    """Pytree key of ``x.row_offsets[level]`` (``keystr`` shows ``.row_offsets[level]``)."""
+class RowOffsetsKey(torch_pytree.GetAttrKey):
+    """Pytree key of ``x.row_offsets[level]``: a ``GetAttrKey`` named ``row_offsets_{level}``
+    (``keystr`` shows ``.row_offsets_{level}``), whose ``get`` indexes ``row_offsets``.
 
-    level: int
+    ``torch.export`` knows only torch's own key types: it names a program's inputs
+    after the key path and matches its input guards to the inputs by ``keystr``.
+    """
 
-    def __str__(self) -> str:
-        return f".row_offsets[{self.level}]"
+    level: int = 0
 
     def get(self, obj: Ragged) -> Tensor:
         return obj.row_offsets[self.level]
@@ -54,7 +56,7 @@ class RowOffsetsKey:
 def _flatten_with_keys(x: Ragged) -> tuple[list[tuple[Any, Any]], Layout]:
     keys = (torch_pytree.GetAttrKey(n) for n in ("values", "offsets", "sizes"))
     entries: list[tuple[Any, Any]] = [(k, getattr(x, k.name)) for k in keys]
-    entries += [(RowOffsetsKey(k), p) for k, p in enumerate(x.row_offsets)]
+    entries += [(RowOffsetsKey(f"row_offsets_{k}", k), p) for k, p in enumerate(x.row_offsets)]
     return entries, x.layout
 
 

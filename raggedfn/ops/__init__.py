@@ -7,7 +7,7 @@ from . import _operators  # noqa: F401  # binds Ragged's operators (+, @, <, ...
 from ._attention import attention
 from ._broadcast import broadcast_tensors
 from ._compare import eq, ge, gt, le, lt, ne
-from ._compile import mark_dynamic
+from ._compile import dynamic_shapes, mark_dynamic
 from ._elementwise import abs, add, apply, div, floor_divide, mul, neg, pow, sub, where
 from ._gather import gather, take_along_dim
 from ._grouped import group_by, segment_matmul
@@ -95,5 +95,6 @@ __all__ = [
     "cumsum",
     "log_softmax",
     "softmax",
+    "dynamic_shapes",
     "mark_dynamic",
 ]

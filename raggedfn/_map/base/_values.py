@@ -192,7 +192,13 @@ class Ctx:
         pkey = product_key(sz)
         total = self.totals.get(pkey)
         if total is None:
-            total = int(offsets[-1])  # host sync: a new packed size (e.g. pairs from tokens)
+            if torch.compiler.is_compiling():
+                # an unbacked symbol in a graph (torch.export, or torch.compile with
+                # capture_scalar_outputs); int() would guard on the example's value
+                total = offsets[-1].item()
+                torch._check(total >= 0)
+            else:
+                total = int(offsets[-1])  # host sync: a new packed size (e.g. pairs from tokens)
             self.totals[pkey] = total
         out = Struct(sizes, offsets, total)
         self.structs[key] = out

@@ -143,9 +143,16 @@ def roots_of(f: Any, leaves: list[Any], kinds: list[str]) -> list[tuple[Any, str
 
 
 def lookup(
-    f: Any, leaves: list[Any], kinds: list[str], treespec: Any, dims: Any
+    f: Any,
+    leaves: list[Any],
+    kinds: list[str],
+    treespec: Any,
+    dims: Any,
+    classes: tuple[int, ...] | None = None,
 ) -> tuple[Variant, list[Any], _cache.Entry, tuple[int, ...]]:
-    classes = size_classes(leaves, kinds)
+    """``classes``: the size classes of the ragged axes (default: from the sizes)."""
+    if classes is None:
+        classes = size_classes(leaves, kinds)
     static = (dims, spec_text(treespec), signature(leaves, kinds), classes, _cache.global_state())
     roots = roots_of(f, leaves, kinds)
     values = [r for r, _ in roots]

@@ -21,10 +21,14 @@ op without a batching rule raises ``RaggedError`` naming it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch.utils._device import DeviceContext
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..._errors import fail
 from ..._layout import Layout
@@ -150,12 +154,42 @@ def _trace(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...
     dims, leaves, treespec, kinds, _ = prepare("map", args, dims)
     # outside dynamo's tracing context: make_fx must use raggedfn's own fake mode and
     # shape environment, not the one of the graph being compiled
-    with torch._guards.tracing(None), unset_fake_temporarily():
-        variant, _, _, _ = lookup(f, leaves, kinds, treespec, dims)
+    with torch._guards.tracing(None), unset_fake_temporarily(), _outside_outer_trace():
+        variant, _, _, classes = lookup(f, leaves, kinds, treespec, dims)
+        fake = any(
+            isinstance(leaf.sizes, FakeTensor) for leaf in leaves if isinstance(leaf, Ragged)
+        )
+        if variant.failure is not None and fake and len(set(classes)) > 1:
+            # torch.export traces on fake inputs: no data tells which ragged axes have
+            # equal sizes, so they were traced as unrelated. Where that fails (t + u of
+            # two inputs of equal lengths), trace them as one size, which every call
+            # then checks on its sizes (an input where they differ raises)
+            again, _, _, _ = lookup(f, leaves, kinds, treespec, dims, (0,) * len(classes))
+            if again.failure is None:
+                variant = again
     if variant.failure is not None:
         return _failure(variant.failure)
     _cache.REGISTRY.setdefault(variant.vid, variant)
     return variant.vid
+
+
+@contextlib.contextmanager
+def _outside_outer_trace() -> Iterator[None]:
+    """No mode of an enclosing trace (``torch.export``'s non-strict tracing: its proxy,
+    fake and torch-function modes) sees the trace of ``f``, which has its own; a
+    ``with torch.device(...)`` around the call still applies inside."""
+    functions = []
+    while torch._C._len_torch_function_stack() > 0:
+        functions.append(torch._C._pop_torch_function_stack())
+    kept = [m for m in reversed(functions) if isinstance(m, DeviceContext)]
+    try:
+        with _disable_current_modes(), contextlib.ExitStack() as stack:
+            for mode in kept:
+                stack.enter_context(mode)
+            yield
+    finally:
+        for mode in reversed(functions):
+            torch._C._push_on_torch_function_stack(mode)
 
 
 def _failure(reason: str) -> str:

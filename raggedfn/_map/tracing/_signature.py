@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..._ragged import Ragged
 from ..base._values import axes_of
@@ -88,6 +89,9 @@ def size_classes(leaves: list[Any], kinds: list[str]) -> tuple[int, ...]:
     if count < 2:  # nothing to compare (and no columns to slice out)
         return tuple(range(count))
     columns = size_columns(leaves, kinds)
+    if any(isinstance(c, FakeTensor) for c in columns):
+        # no data (torch.export traces on fake inputs): no two axes assumed equal
+        return tuple(range(count))
     table = torch.stack(columns, 1)
     equal = (table[:, :, None] == table[:, None, :]).all(0).tolist()
     return tuple(row.index(True) for row in equal)
