@@ -118,6 +118,33 @@ def test_the_callers_except_catches_it_with_its_data():
             raggedfn.map(always_key_error, x)
 
 
+@pytest.mark.parametrize(
+    ("f", "x"),
+    [
+        pytest.param(lambda t: t.amax(0), tokens((2, 3, 0, 1)), id="amax-of-empty"),
+        pytest.param(lambda t: t[torch.tensor([0, 2])], tokens((3, 4, 2)), id="index-past-end"),
+        pytest.param(
+            lambda t: torch.gather(t, 0, torch.full_like(t[:1], 3).long()),
+            tokens((4, 3, 5)),
+            id="gather-past-end",
+        ),
+    ],
+)
+def test_a_sample_a_batching_rule_finds_torch_refusing_raises_as_the_loop(f, x):
+    # the batched rule finds the sample (no other sample's rows are read); the call
+    # then runs f per sample for torch's own exception, in map and in map_report,
+    # first and cached
+    for _ in range(2):
+        _check_like_the_loop(f, x)
+    kind, text, sample = _loop_error(f, x)
+    with pytest.raises(kind) as error:
+        raggedfn.map_report(f, x)
+    assert str(error.value) == text
+    assert error.value.__notes__ == [f"raggedfn.map: raised by f for sample {sample}"]
+    ok = raggedfn.map_report(f, tokens((5, 6)))  # a batch torch accepts: batched
+    assert ok.fully_batched, str(ok)
+
+
 def test_map_refuses_its_own_misuse_with_ragged_error():
     # what is map's own (bad arguments, strict=True refusing the loop) stays RaggedError
     with pytest.raises(RaggedError, match="in_dims entries"):

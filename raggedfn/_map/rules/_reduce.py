@@ -16,9 +16,8 @@ import torch
 from torch import Tensor
 
 from ... import _prims
-from ..._errors import RaggedError
 from ..base._registry import rule, schema_args
-from ..base._sizes import Sz, Unsupported
+from ..base._sizes import SampleRaises, Sz, Unsupported
 from ..base._values import (
     Ctx,
     DenseB,
@@ -227,7 +226,7 @@ def refuse_empty(ctx: Ctx, step: Any, x: RaggedB, reduced: set[int]) -> None:
         return
     if bool(empty.any()):
         sample = int(empty.nonzero()[0])
-        raise RaggedError(f"{message}, for sample {sample}")
+        raise SampleRaises(f"{message}, for sample {sample}")
 
 
 def _dense_only(
