@@ -202,9 +202,13 @@ def test_a_lambda_whose_capture_has_no_real_value_says_what_to_do(monkeypatch):
     def no_real_value(*args):
         raise LookupError("a captured SomethingVariable")
 
+    def step(values, offsets, sizes, p):
+        x = raggedfn.Ragged(values, offsets, sizes, LAYOUT)
+        return raggedfn.map(lambda t: mlp(t, p) * 5, x).values.sum()  # no trace yet
+
     monkeypatch.setattr(_dynamo_reads, "_rebuild", no_real_value)
     torch._dynamo.reset()
-    compiled = torch.compile(_lambda_step, backend="eager", fullgraph=True, dynamic=True)
+    compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=True)
     # (dynamo re-raises map's RaggedError as its Unsupported, which carries the text)
     with pytest.raises(Exception, match="call the step once eagerly first") as error:
         compiled(*_batch(0, 8), mlp_params(torch.float32))

@@ -3,7 +3,8 @@
 Helpers of the compiled dependency check (``_deps_check``) and of the interpreter
 (``_interpret``), and of :func:`._compiled.compiled_map`: closure cells and globals of
 a function dynamo made in the compiled region (:func:`cell`, :func:`global_of`),
-whether it made one (:func:`made_inside`), and Python floats read as constants
+whether it made one (:func:`made_inside`), the real function rebuilt from it for a
+trace while compiling (:func:`rebuilt`), and Python floats read as constants
 (:func:`static`). Outside compilation each is the plain Python read. Each reads
 dynamo's own view through a ``comptime`` hook (the ``_fill_*`` functions), which
 dynamo calls while it traces the caller.
