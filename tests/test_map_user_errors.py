@@ -145,6 +145,21 @@ def test_a_sample_a_batching_rule_finds_torch_refusing_raises_as_the_loop(f, x):
     assert ok.fully_batched, str(ok)
 
 
+def test_inside_torch_compile_without_fullgraph_f_raises_its_own_exception():
+    # f's trace fails while dynamo compiles: the graph breaks around map, which runs
+    # eagerly, and the loop raises f's own exception (under fullgraph=True dynamo
+    # reports any exception as its Unsupported, for the plain loop too)
+    def step(x):
+        return raggedfn.map(always_key_error, x).sum() * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager", dynamic=True)
+    with pytest.raises(KeyError, match="vocab") as error, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        compiled(tokens((2, 3)))
+    assert error.value.__notes__ == ["raggedfn.map: raised by f for sample 0"]
+
+
 def test_map_refuses_its_own_misuse_with_ragged_error():
     # what is map's own (bad arguments, strict=True refusing the loop) stays RaggedError
     with pytest.raises(RaggedError, match="in_dims entries"):

@@ -28,7 +28,7 @@ from ..running._fallback import function_loop
 from ..running._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
 from ..running._split import empty_result
 from ..tracing._trace import tracing
-from ._compiled import compiled_map
+from ._compiled import EAGER, compiled_map
 from ._fsdp import around
 
 _RANDOMNESS = ("different", "same", "error")
@@ -59,7 +59,10 @@ def _map(
             raise fail("map", f"{reason}: not supported inside torch.compile")
         return whole_loop(f, args, dims, batch_size, None, reason, strict, randomness, report, None)
     if torch.compiler.is_compiling():
-        return compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)
+        out = compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)
+        if out is EAGER:  # a graph break (not under fullgraph=True)
+            return _outside_the_graph(f, args, in_dims, strict, randomness, report, chunk_elements)
+        return out
     variant, lifted, entry, classes = lookup(f, leaves, kinds, treespec, dims)
     _warm.remember(entry, args, in_dims, dims, kinds, classes, variant)
     if report is not None:
@@ -280,6 +283,23 @@ def map_report(
 
         report.output = around(f, args, reported)
     return report
+
+
+@torch._dynamo.disable
+def _outside_the_graph(
+    f: Callable[..., Any],
+    args: tuple[Any, ...],
+    in_dims: Any,
+    strict: bool,
+    randomness: str,
+    report: MapReport | None,
+    chunk_elements: int | None,
+) -> Any:
+    """The call run eagerly: dynamo breaks the graph around it."""
+    try:
+        return _map(f, args, in_dims, strict, randomness, report, chunk_elements)
+    except SampleRaises as error:
+        _raise_as_the_loop(f, args, in_dims, randomness, error)
 
 
 def _raise_as_the_loop(

@@ -37,7 +37,7 @@ from ..caching._lookup import lookup, prepare, roots_of
 from ..running._interpret import make_ctx, run
 from ..running._split import as_structure, empty_samples
 from ..tracing._deps import walk
-from ..tracing._dynamo_reads import made_inside, rebuilt, rebuilt_function
+from ..tracing._dynamo_reads import made_inside, one_graph, rebuilt, rebuilt_function
 from ..tracing._signature import size_columns
 from ..tracing._trace import LOCK, is_ragged_leaf
 
@@ -201,6 +201,10 @@ class _Slot:
     """A leaf position in a rebuilt argument structure."""
 
 
+# compiled_map's answer where the call must run eagerly, outside the graph
+EAGER = object()
+
+
 def compiled_map(
     f: Any,
     args: tuple[Any, ...],
@@ -257,6 +261,10 @@ def compiled_map(
                 "one eager call of the step first)",
             )
         if chosen.failure is not None:
+            if not one_graph():
+                # graph breaks are allowed: map runs outside the graph (eagerly, the
+                # per-sample loop, which raises f's own exception where f raises)
+                return EAGER
             raise fail(
                 "map",
                 f"inside torch.compile, f cannot run batched ({chosen.failure}) and a "
@@ -304,4 +312,4 @@ def compiled_map(
     return out
 
 
-__all__ = ["compiled_map"]
+__all__ = ["EAGER", "compiled_map"]

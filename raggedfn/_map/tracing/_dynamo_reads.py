@@ -217,6 +217,24 @@ def _fill_rebuilt(ctx: Any) -> None:
     tx.symbolic_locals["out"] = ConstantVariable.create(token)
 
 
+def _fill_one_graph(ctx: Any) -> None:
+    from torch._dynamo.variables import ConstantVariable
+
+    tx = ctx._i_will_not_complain_if_bc_breaks_InstructionTranslator()
+    strict = bool(getattr(tx, "one_graph", True)) or bool(getattr(tx, "error_on_graph_break", 0))
+    tx.symbolic_locals["out"] = ConstantVariable.create(strict)
+
+
+def one_graph() -> bool:
+    """Whether the frame dynamo compiles refuses graph breaks (``fullgraph=True``, or
+    ``error_on_graph_break``); False outside compilation."""
+    if not torch.compiler.is_compiling():
+        return False
+    out = True
+    comptime(_fill_one_graph)
+    return out
+
+
 def rebuilt(f: Any) -> Any:
     """For ``f`` made by dynamo in the compiled region: a token (a tuple) naming a real
     function equal to it (its code, globals, defaults, and closure cells holding the
@@ -258,4 +276,12 @@ def global_of(f: Any, name: str) -> Any:
     return out
 
 
-__all__ = ["cell", "global_of", "made_inside", "rebuilt", "rebuilt_function", "static"]
+__all__ = [
+    "cell",
+    "global_of",
+    "made_inside",
+    "one_graph",
+    "rebuilt",
+    "rebuilt_function",
+    "static",
+]
