@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -94,14 +98,19 @@ def _lambda_step(values, offsets, sizes, p):
     )(p)
 
 
-def test_a_lambda_made_inside_the_compiled_loss_uses_the_eager_trace():
+def _inner_code(fn, depth=2):
+    """The code object of the function made ``depth`` levels inside ``fn`` (a lambda in
+    a lambda): the key of its trace in map's cache."""
+    code = fn.__code__
+    for _ in range(depth):
+        code = next(c for c in code.co_consts if hasattr(c, "co_code"))
+    return code
+
+
+def test_a_lambda_made_inside_the_compiled_loss_traces_without_an_eager_call():
     params = mlp_params(torch.float32)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    compiled = torch.compile(_lambda_step, fullgraph=True, dynamic=True)
-    with pytest.raises(Exception, match="needs one eager call"):
-        compiled(*_batch(0, 8), params)
-    _lambda_step(*_batch(0, 8), params)  # the eager warm-up traces the lambda's code
+    code = _inner_code(_lambda_step)
+    assert raggedfn._map.caching._cache.CACHE.get(code) is None  # no eager call traced it
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(_lambda_step, fullgraph=True, dynamic=True)
@@ -112,6 +121,98 @@ def test_a_lambda_made_inside_the_compiled_loss_uses_the_eager_trace():
         for k in params:
             torch.testing.assert_close(grads[k], grads_eager[k], rtol=1e-4, atol=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+    # traced while compiling, from the real function rebuilt out of dynamo's view of the
+    # lambda; the eager calls found that trace
+    assert raggedfn._map.caching._cache.CACHE[code].traces == 1
+
+
+COLD = textwrap.dedent(
+    """
+    import warnings
+    import torch, torch._dynamo.testing, raggedfn
+    from raggedfn._map.caching import _cache
+
+    warnings.simplefilter("error")
+    warnings.filterwarnings(
+        "ignore", ".*autograd.function.Function'> should not be instantiated", DeprecationWarning
+    )
+    torch.manual_seed(3)
+    LINEAR = torch.nn.Linear(8, 8, dtype=torch.float64)
+
+    def linear_step(x):
+        # the user's style: the per-sample lambda made in the step, over a global module
+        f = lambda t: torch.tanh(LINEAR(t)).sum(0)
+        return raggedfn.map(f, x).pow(2).sum()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.TransformerEncoderLayer(
+                8, 2, 16, dropout=0.0, batch_first=True, dtype=torch.float64
+            )
+
+        def forward(self, x):
+            # a lambda capturing self: a closure cell only dynamo's variable holds
+            f = lambda t: self.layer(t[None])[0] * t.shape[0]
+            return raggedfn.map(f, x).values.pow(2).sum()
+
+    encoder = Encoder()
+    cases = [
+        ("linear", linear_step, LINEAR, lambda t: torch.tanh(LINEAR(t)).sum(0).pow(2).sum()),
+        ("encoder", encoder, encoder, lambda t: (encoder.layer(t[None])[0] * len(t)).pow(2).sum()),
+    ]
+    for name, step, module, per_sample in cases:
+        counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
+        params = list(module.parameters())
+        for i in range(4):
+            gen = torch.Generator().manual_seed(i)
+            lengths = [3 + i, 2 + 2 * i, 5][: 2 + i % 2]
+            x = raggedfn.from_list(
+                [torch.randn(n, 8, generator=gen, dtype=torch.float64) for n in lengths]
+            )
+            got = torch.autograd.grad(compiled(x), params)
+            # the reference: the per-sample loop, eagerly
+            loss = sum(per_sample(t) for t in raggedfn.unbind(x))
+            for g, w in zip(got, torch.autograd.grad(loss, params), strict=True):
+                torch.testing.assert_close(g, w)
+        assert counter.frame_count == 1, (name, counter.frame_count)
+        # traced once, while compiling (no eager call of map ever ran in this process)
+        assert [e.traces for e in _cache.CACHE.values()][-1] == 1, name
+    print("ok")
+    """
+)
+
+
+def test_a_step_making_its_lambda_compiles_in_a_fresh_process():
+    """No eager call first, in a fresh process (map's plain-Python memos start empty): a
+    lambda over a global Linear, and one capturing ``self`` of a module with a
+    TransformerEncoderLayer, each one graph over four batches, gradients equal to the
+    loop's."""
+    result = subprocess.run(
+        [sys.executable, "-c", COLD], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_a_lambda_whose_capture_has_no_real_value_says_what_to_do(monkeypatch):
+    from raggedfn._map.tracing import _dynamo_reads
+
+    def no_real_value(*args):
+        raise LookupError("a captured SomethingVariable")
+
+    def step(values, offsets, sizes, p):
+        x = raggedfn.Ragged(values, offsets, sizes, LAYOUT)
+        return raggedfn.map(lambda t: mlp(t, p) * 5, x).values.sum()  # no trace yet
+
+    monkeypatch.setattr(_dynamo_reads, "_rebuild", no_real_value)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager", fullgraph=True, dynamic=True)
+    # (dynamo re-raises map's RaggedError as its Unsupported, which carries the text)
+    with pytest.raises(Exception, match="call the step once eagerly first") as error:
+        compiled(*_batch(0, 8), mlp_params(torch.float32))
+    assert "SomethingVariable" in str(error.value)
 
 
 def flips(t, p):

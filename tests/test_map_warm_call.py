@@ -153,9 +153,11 @@ def test_size_classes_of_two_ragged_axes_are_compared_at_every_call(took):
     raggedfn.map(f, x, y)
     assert_same(raggedfn.map(f, x, y), loop(f, x, y))
     z = tokens((3, 2), seed=3)
-    with pytest.raises(RaggedError, match="must match the size"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RaggedPerformanceWarning)
-        raggedfn.map(f, x, z)  # the per-sample loop: torch's own error, for sample 0
+    with pytest.raises(RuntimeError, match="must match the size") as error:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RaggedPerformanceWarning)
+            raggedfn.map(f, x, z)  # the per-sample loop: torch's own error, for sample 0
+    assert error.value.__notes__ == ["raggedfn.map: raised by f for sample 0"]
     assert took == [False, True, False]
 
 

@@ -24,11 +24,37 @@ def rule(*targets: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 
 def find_rule(target: Any) -> Callable[..., Any] | None:
+    if getattr(target, "_schema", None) is not None:
+        schema_args(target)  # read now, eagerly: a compiled run only looks it up
     found = RULES.get(target)
     if found is None:
         found = RULES.get(getattr(target, "overloadpacket", None))
     if found is None and _is_pointwise(target):
         found = RULES.get("pointwise")
+    return found
+
+
+# target -> ((name, kwarg_only, has_default, default), ...): plain Python, filled when a
+# trace finds the rule of a step (eagerly, also for a trace made while dynamo compiles),
+# so a rule binding its arguments inside torch.compile never touches the pybind schema
+# (dynamo cannot iterate it: "missing tp_iter")
+SCHEMA_ARGS: dict[Any, tuple[tuple[str, bool, bool, Any], ...]] = {}
+
+
+def schema_args(target: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
+    """``(name, kwarg_only, has_default, default)`` of each argument of an op's schema."""
+    found = SCHEMA_ARGS.get(target)
+    if found is None:
+        found = tuple(
+            (
+                a.name,
+                a.kwarg_only,
+                a.has_default_value(),
+                a.default_value if a.has_default_value() else None,
+            )
+            for a in target._schema.arguments
+        )
+        SCHEMA_ARGS[target] = found
     return found
 
 

@@ -26,6 +26,13 @@ class Unsupported(Exception):
     """A batching rule or a size expression cannot handle this case (not a user error)."""
 
 
+class SampleRaises(Exception):
+    """A batching rule found a sample for which ``f`` raises in the loop (torch refuses
+    it there: an index past its end, ``amax`` of an empty axis). Never reaches the
+    caller: ``map`` then runs ``f`` per sample, which raises ``f``'s own exception for
+    the first such sample, with a note naming it (the message here is the fallback)."""
+
+
 class Sz:
     """One per-sample size: ``key`` identifies it, ``fn(env)`` evaluates it to ``[B]``."""
 

@@ -50,6 +50,11 @@ _INFO: dict[str, LayoutInfo] = {}
 
 def info_of(layout: Layout) -> LayoutInfo:
     """The :class:`LayoutInfo` of ``layout`` (a layout is immutable: keyed by its code)."""
+    if torch.compiler.is_compiling():
+        # no memo read or write while compiling: dynamo guards on a dict it reads, and
+        # a key filled later (by the side effect, an eager call, a trace made during the
+        # compile) fails that guard (a recompile, or a crash within the same compile)
+        return _layout_info(layout.axes)
     found = _INFO.get(layout.code)
     if found is None:
         found = _INFO[layout.code] = _layout_info(layout.axes)
@@ -75,6 +80,8 @@ _LAYOUTS: dict[tuple[Axis, ...], Layout] = {}
 def make_layout(axes: tuple[Axis, ...]) -> Layout:
     """``Layout(axes)``, built (and validated) once per distinct axes tuple."""
     key = tuple(axes)
+    if torch.compiler.is_compiling():  # no memo (see info_of)
+        return Layout(key)
     found = _LAYOUTS.get(key)
     if found is None:
         found = Layout(key)
@@ -251,6 +258,8 @@ _CANONICAL: dict[tuple[int, tuple[int, ...]], Layout] = {}
 
 def canonical_layout(rank: int, positions: tuple[int, ...]) -> Layout:
     """Ragged axes numbered in logical order, dense axes likewise (cached)."""
+    if torch.compiler.is_compiling():  # no memo (see info_of)
+        return Layout.from_ragged_positions(rank, positions)
     key = (rank, tuple(positions))
     found = _CANONICAL.get(key)
     if found is None:

@@ -61,7 +61,11 @@ def spec_text(treespec: Any) -> str:
 
 def prepare(fn_name: str, args: tuple[Any, ...], in_dims: Any) -> tuple[Any, ...]:
     dims = _normalize_in_dims(fn_name, in_dims, len(args))
-    if all(type(a) is Ragged or type(a) is torch.Tensor for a in args):
+    # while compiling, the general path: the memo of flat specs is a dict that a trace
+    # made during the compile fills, and dynamo's guards on it would fail at once
+    if not torch.compiler.is_compiling() and all(
+        type(a) is Ragged or type(a) is torch.Tensor for a in args
+    ):
         # each argument is one leaf (is_ragged_leaf of a Ragged, a plain tensor)
         flat = _prepare_flat(fn_name, args, dims)
         if flat is not None:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
 from ..._errors import RaggedPerformanceWarning, fail
 from ..base._report import MapReport
-from ..base._sizes import Unsupported
+from ..base._sizes import SampleRaises, Unsupported
 from ..caching import _cache, _warm
 from ..caching._cache import CacheInfo
 from ..caching._groups import (
@@ -24,10 +24,11 @@ from ..caching._groups import (
 from ..caching._lookup import lookup, prepare
 from ..running._chunked import run_chunked
 from ..running._chunks import check_chunk_elements
+from ..running._fallback import function_loop
 from ..running._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
 from ..running._split import empty_result
 from ..tracing._trace import tracing
-from ._compiled import compiled_map
+from ._compiled import EAGER, compiled_map
 from ._fsdp import around
 
 _RANDOMNESS = ("different", "same", "error")
@@ -58,7 +59,10 @@ def _map(
             raise fail("map", f"{reason}: not supported inside torch.compile")
         return whole_loop(f, args, dims, batch_size, None, reason, strict, randomness, report, None)
     if torch.compiler.is_compiling():
-        return compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)
+        out = compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)
+        if out is EAGER:  # a graph break (not under fullgraph=True)
+            return _outside_the_graph(f, args, in_dims, strict, randomness, report, chunk_elements)
+        return out
     variant, lifted, entry, classes = lookup(f, leaves, kinds, treespec, dims)
     _warm.remember(entry, args, in_dims, dims, kinds, classes, variant)
     if report is not None:
@@ -200,10 +204,12 @@ def map(
         RaggedError: ``in_dims`` is not 0/None per argument or has the wrong length; no
             argument is mapped; a mapped argument is not a ``Ragged`` or a tensor with a
             batch axis; mapped arguments disagree on the batch size; ``randomness`` is
-            not one of the three; ``f`` raises for some sample in the per-sample loop (the
-            message names the sample and the original error); ``randomness="error"`` and
-            ``f`` draws random numbers; with ``strict=True``, anything would run as a
-            per-sample loop.
+            not one of the three; ``randomness="error"`` and ``f`` draws random numbers;
+            with ``strict=True``, anything would run as a per-sample loop.
+        Exception: whatever ``f`` raises for a sample, as the per-sample loop raises
+            it (the same object, so ``except KeyError`` catches it), with a note
+            ``raggedfn.map: raised by f for sample i``; also where a batching rule finds
+            a sample torch refuses (an index past its end, ``amax`` of an empty axis).
 
     Examples:
         >>> import torch, raggedfn
@@ -224,9 +230,12 @@ def _call(
     randomness: str,
     chunk_elements: int | None,
 ) -> Any:
-    out = _warm.call(f, args, in_dims, strict, randomness, chunk_elements)
-    if out is _warm.MISS:
-        return _map(f, args, in_dims, strict, randomness, None, chunk_elements)
+    try:
+        out = _warm.call(f, args, in_dims, strict, randomness, chunk_elements)
+        if out is _warm.MISS:
+            return _map(f, args, in_dims, strict, randomness, None, chunk_elements)
+    except SampleRaises as error:
+        _raise_as_the_loop(f, args, in_dims, randomness, error)
     return out
 
 
@@ -265,10 +274,43 @@ def map_report(
     report = MapReport()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaggedPerformanceWarning)
-        report.output = around(
-            f, args, lambda a: _map(f, a, in_dims, False, randomness, report, chunk_elements)
-        )
+
+        def reported(a: tuple[Any, ...]) -> Any:
+            try:
+                return _map(f, a, in_dims, False, randomness, report, chunk_elements)
+            except SampleRaises as error:
+                _raise_as_the_loop(f, a, in_dims, randomness, error)
+
+        report.output = around(f, args, reported)
     return report
+
+
+@torch._dynamo.disable
+def _outside_the_graph(
+    f: Callable[..., Any],
+    args: tuple[Any, ...],
+    in_dims: Any,
+    strict: bool,
+    randomness: str,
+    report: MapReport | None,
+    chunk_elements: int | None,
+) -> Any:
+    """The call run eagerly: dynamo breaks the graph around it."""
+    try:
+        return _map(f, args, in_dims, strict, randomness, report, chunk_elements)
+    except SampleRaises as error:
+        _raise_as_the_loop(f, args, in_dims, randomness, error)
+
+
+def _raise_as_the_loop(
+    f: Callable[..., Any], args: tuple[Any, ...], in_dims: Any, randomness: str, found: Exception
+) -> NoReturn:
+    """A batching rule found a sample for which ``f`` raises: run ``f`` per sample, which
+    raises ``f``'s own exception for the first such sample, as the loop does (with a note
+    naming it). The call fails either way; only the loop knows the exact exception."""
+    dims, _, _, _, batch_size = prepare("map", args, in_dims)
+    function_loop(f, args, dims, batch_size, None, randomness)
+    raise fail("map", str(found).removeprefix("map: ")) from None  # the loop did not raise
 
 
 def map_cache_info(f: Callable[..., Any]) -> CacheInfo:

@@ -12,9 +12,12 @@ loss) have closures dynamo cannot expose as attributes: ``_dynamo_reads.cell`` a
 ``global_of`` read them from dynamo's own view of the function.
 
 A function that has no trace yet is traced while dynamo runs (trace on first
-use) when ``f`` is a function or module that exists outside the compiled region;
-a lambda made inside it needs one eager call first (its captured values exist
-only as graph values while compiling). Inside the graph nothing can fall back:
+use): a function or module that exists outside the compiled region as it is; a
+lambda made inside it (the per-sample lambda of a loss) as the real function
+rebuilt from dynamo's view of it (``_dynamo_reads.rebuilt``: its code, and
+closure cells holding the modules, numbers and real tensor values it captured).
+Where a captured value has no real counterpart, a ``RaggedError`` asks for one
+eager call first. Inside the graph nothing can fall back:
 guards and size classes are checked on device (``torch._assert_async``), and an
 op without a batching rule raises ``RaggedError`` naming it.
 """
@@ -38,7 +41,7 @@ from ..caching._lookup import lookup, prepare, roots_of
 from ..running._interpret import make_ctx, run
 from ..running._split import as_structure, empty_samples
 from ..tracing._deps import walk
-from ..tracing._dynamo_reads import made_inside
+from ..tracing._dynamo_reads import made_inside, one_graph, rebuilt, rebuilt_function
 from ..tracing._signature import size_columns
 from ..tracing._trace import LOCK, is_ragged_leaf
 
@@ -129,10 +132,15 @@ def _find_candidates(key: Any, loose: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 @torch._dynamo.assume_constant_result
-def _trace_now(f: Any, structure: Any, dims: Any, layouts: Any, *flat: Any) -> Any:
-    """Trace ``f`` while dynamo runs: ``f`` is a real function or module, and dynamo
+def _trace_now(f: Any, token: Any, structure: Any, dims: Any, layouts: Any, *flat: Any) -> Any:
+    """Trace ``f`` while dynamo runs: ``f`` is a real function or module (or ``None``
+    and ``token`` names the real function rebuilt from one dynamo made), and dynamo
     hands the argument tensors over with their real values (example inputs)."""
-    key = (_cache.function_key(f), id(f), structure, dims, layouts)
+    if token is not None:
+        f = rebuilt_function(token)
+        key: Any = (token, structure, dims, layouts)
+    else:
+        key = (_cache.function_key(f), id(f), structure, dims, layouts)
     return _memo("trace", key, lambda: _trace(f, structure, dims, layouts, flat))
 
 
@@ -227,6 +235,10 @@ class _Slot:
     """A leaf position in a rebuilt argument structure."""
 
 
+# compiled_map's answer where the call must run eagerly, outside the graph
+EAGER = object()
+
+
 def compiled_map(
     f: Any,
     args: tuple[Any, ...],
@@ -249,13 +261,19 @@ def compiled_map(
         if variant.deps.compiled_check(*roots, lifted):
             chosen = variant
             break
+    token = None
     if chosen is None and made_inside(f):
-        raise fail(
-            "map",
-            "inside torch.compile, a function made in the compiled region (a lambda in the "
-            "loss) needs one eager call of the step first: its captured values exist only "
-            "as graph values while compiling",
-        )
+        # a function made in the compiled region (a lambda in the loss): traced as the
+        # real function rebuilt from dynamo's view of it, with the real values it captured
+        token = rebuilt(f)
+        if type(token) is str:
+            raise fail(
+                "map",
+                "inside torch.compile, f was made in the compiled region and captures a "
+                f"value that exists only as a graph value while compiling ({token}); call "
+                "the step once eagerly first (that traces f), or pass the value to map as "
+                "an argument (in_dims=None)",
+            )
     if chosen is None:
         layouts: list[str | None] = []
         flat: list[Any] = []
@@ -266,7 +284,8 @@ def compiled_map(
             else:
                 layouts.append(None)
                 flat.append(leaf)
-        vid = _trace_now(f, _describe(args), dims, tuple(layouts), *flat)
+        traced = None if token is not None else f
+        vid = _trace_now(traced, token, _describe(args), dims, tuple(layouts), *flat)
         chosen = getattr(_cache.REGISTRY, vid) if vid is not None else None
         if chosen is None:
             raise fail(
@@ -276,6 +295,10 @@ def compiled_map(
                 "one eager call of the step first)",
             )
         if chosen.failure is not None:
+            if not one_graph():
+                # graph breaks are allowed: map runs outside the graph (eagerly, the
+                # per-sample loop, which raises f's own exception where f raises)
+                return EAGER
             raise fail(
                 "map",
                 f"inside torch.compile, f cannot run batched ({chosen.failure}) and a "
@@ -323,4 +346,4 @@ def compiled_map(
     return out
 
 
-__all__ = ["compiled_map"]
+__all__ = ["EAGER", "compiled_map"]

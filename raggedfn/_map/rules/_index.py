@@ -6,8 +6,8 @@ Both are written with coordinates: every packed element of the result knows its
 sample and its coordinate along each logical axis; the source element is found by
 replacing one coordinate (the gathered axis) and reading the source at those
 coordinates, as a packed row when the source is per-sample, directly when it is
-shared. Out-of-range positions raise ``RaggedError`` naming the sample, as the
-per-sample call raises (checked on device while compiling).
+shared. An out-of-range position sends the call to the per-sample loop, which
+raises torch's own error for that sample (checked on device while compiling).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..._errors import RaggedError
 from ..base._registry import rule
-from ..base._sizes import Sz, Unsupported
+from ..base._sizes import SampleRaises, Sz, Unsupported
 from ..base._values import (
     Ctx,
     DenseB,
@@ -66,7 +65,7 @@ def _check_range(ctx: Ctx, op: str, positions: Tensor, size: Any, segments: Tens
         where = tuple(bad.nonzero()[0])
         sample = int(segments.expand_as(bad)[where])
         limit = size if isinstance(size, int) else int(size.expand_as(bad)[where])
-        raise RaggedError(
+        raise SampleRaises(
             f"{message}: sample {sample} asks for position {int(positions[where])} of {limit}"
         )
 

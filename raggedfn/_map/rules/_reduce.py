@@ -16,9 +16,8 @@ import torch
 from torch import Tensor
 
 from ... import _prims
-from ..._errors import RaggedError
-from ..base._registry import rule
-from ..base._sizes import Sz, Unsupported
+from ..base._registry import rule, schema_args
+from ..base._sizes import SampleRaises, Sz, Unsupported
 from ..base._values import (
     Ctx,
     DenseB,
@@ -34,32 +33,10 @@ from ..base._values import (
 aten = torch.ops.aten
 
 
-# target -> ((name, kwarg_only, has_default, default), ...): plain Python, filled on the
-# eager first call, so bind() inside torch.compile never touches the pybind schema
-# (dynamo cannot iterate it: "missing tp_iter")
-_SCHEMA_ARGS: dict[Any, tuple[tuple[str, bool, bool, Any], ...]] = {}
-
-
-def _schema_args(target: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
-    found = _SCHEMA_ARGS.get(target)
-    if found is None:
-        found = tuple(
-            (
-                a.name,
-                a.kwarg_only,
-                a.has_default_value(),
-                a.default_value if a.has_default_value() else None,
-            )
-            for a in target._schema.arguments
-        )
-        _SCHEMA_ARGS[target] = found
-    return found
-
-
 def bind(step: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Arguments by schema name, defaults filled in."""
     out: dict[str, Any] = {}
-    for i, (name, kwarg_only, has_default, default) in enumerate(_schema_args(step.target)):
+    for i, (name, kwarg_only, has_default, default) in enumerate(schema_args(step.target)):
         if i < len(args) and not kwarg_only:
             out[name] = args[i]
         elif name in kwargs:
@@ -249,7 +226,7 @@ def refuse_empty(ctx: Ctx, step: Any, x: RaggedB, reduced: set[int]) -> None:
         return
     if bool(empty.any()):
         sample = int(empty.nonzero()[0])
-        raise RaggedError(f"{message}, for sample {sample}")
+        raise SampleRaises(f"{message}, for sample {sample}")
 
 
 def _dense_only(
@@ -257,7 +234,7 @@ def _dense_only(
 ) -> Any:
     value_dims = [1 + axes_of(x.layout)[p].index for p in dims]
     bound = bind(step, args, kwargs)
-    names = [name for name, _, _, _ in _schema_args(step.target)]
+    names = [name for name, _, _, _ in schema_args(step.target)]
     new_args = list(args)
     new_kwargs = dict(kwargs)
     new_dim: Any = value_dims if not isinstance(bound.get("dim"), int) else value_dims[0]

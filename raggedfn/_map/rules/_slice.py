@@ -9,10 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..._errors import fail
 from ..._layout import Axis
 from ..base._registry import rule
-from ..base._sizes import Sz, Unsupported
+from ..base._sizes import SampleRaises, Sz, Unsupported
 from ..base._values import (
     Ctx,
     DenseB,
@@ -145,8 +144,8 @@ def select_rule(ctx: Ctx, step: Any, x: Any, dim: int, index: Any) -> Any:
         i = torch.where(i < 0, i + size, i)
         if not torch.compiler.is_compiling() and bool(((i < 0) | (i >= size)).any()):
             # the per-sample call raises IndexError here; never read another sample's rows
-            raise fail(
-                "map",
+            raise SampleRaises(
+                "map: "
                 f"index {index} is out of range along ragged axis {dim} for a sample with "
                 f"sizes {x.struct.sizes[segments[(i < 0) | (i >= size)][0]].tolist()}",
             )

@@ -4,8 +4,9 @@ Both are correct and slow (a Python loop with host syncs); ``map_report`` lists
 every use, a :class:`~raggedfn.RaggedPerformanceWarning` announces the first of
 each kind, and ``strict=True`` refuses them. The whole-function loop passes
 every sample as a copy, so ``f`` writing into its argument never reaches the
-caller's packed values, and an exception ``f`` raises for a sample comes back as
-a ``RaggedError`` naming the sample.
+caller's packed values, and an exception ``f`` raises for a sample reaches the
+caller unchanged (its own type, ``except KeyError`` catches it) with a note naming
+the sample.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..._construct import from_list
-from ..._errors import RaggedError, fail
+from ..._errors import fail
 from ..._ragged import Ragged
 from ..base._random import rng_state, set_rng_state
 from ..base._sizes import Sz, is_unbacked
@@ -169,13 +170,13 @@ def function_loop(
             next_sample()
             try:
                 results.append(fn(*sample))
-            except RaggedError:
-                raise
             except Exception as error:
-                name = i if names is None else names[i]
-                raise fail(
-                    "map", f"f raised {type(error).__name__} for sample {name}: {error}"
-                ) from error
+                # f's own exception, as the loop and torch.func.vmap raise it (an
+                # ``except KeyError`` in the caller catches it), with the sample named
+                error.add_note(
+                    f"raggedfn.map: raised by f for sample {i if names is None else names[i]}"
+                )
+                raise
     if not results:
         raise fail(
             "map",

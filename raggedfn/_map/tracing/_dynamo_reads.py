@@ -3,7 +3,8 @@
 Helpers of the compiled dependency check (``_deps_check``) and of the interpreter
 (``_interpret``), and of :func:`._compiled.compiled_map`: closure cells and globals of
 a function dynamo made in the compiled region (:func:`cell`, :func:`global_of`),
-whether it made one (:func:`made_inside`), and Python floats read as constants
+whether it made one (:func:`made_inside`), the real function rebuilt from it for a
+trace while compiling (:func:`rebuilt`), and Python floats read as constants
 (:func:`static`). Outside compilation each is the plain Python read. Each reads
 dynamo's own view through a ``comptime`` hook (the ``_fill_*`` functions), which
 dynamo calls while it traces the caller.
@@ -114,6 +115,145 @@ def made_inside(f: Any) -> bool:
     return out
 
 
+def _real(tx: Any, var: Any, depth: int) -> Any:
+    """The real Python value behind a variable dynamo holds (``LookupError``: none)."""
+    from torch._dynamo.variables import (
+        ConstDictVariable,
+        ListVariable,
+        NNModuleVariable,
+        TupleVariable,
+        UserDefinedObjectVariable,
+    )
+    from torch._dynamo.variables.functions import NestedUserFunctionVariable
+
+    if depth > 8:
+        raise LookupError("captured values nested too deep")
+    if hasattr(var, "realize"):
+        var = var.realize()
+    if var.is_tensor():
+        # computed from the frame's real inputs (dynamo runs the graph so far)
+        real = var.get_real_value()
+        # inside a torch.func transform dynamo's variable says requires_grad=False; its
+        # example value (the transform's wrapper) says what an eager call would see
+        example = var.proxy.node.meta.get("example_value")
+        wants = bool(getattr(example, "requires_grad", real.requires_grad))
+        if wants != real.requires_grad and (real.is_floating_point() or real.is_complex()):
+            # (not requires_grad_: the hook runs inside the transform, which refuses it)
+            real = torch.Tensor._make_subclass(torch.Tensor, real.detach(), wants)
+        return real
+    if isinstance(var, NestedUserFunctionVariable):
+        return _rebuild(tx, var, depth + 1)
+    if isinstance(var, (UserDefinedObjectVariable, NNModuleVariable)):
+        return var.value
+    if type(var) is ConstDictVariable:
+        return {k.vt.as_python_constant(): _real(tx, v, depth + 1) for k, v in var.items.items()}
+    if type(var) in (ListVariable, TupleVariable):
+        items = [_real(tx, v, depth + 1) for v in var.items]
+        return items if type(var) is ListVariable else tuple(items)
+    try:
+        return var.as_python_constant()
+    except Exception as error:
+        raise LookupError(f"a captured {type(var).__name__}") from error
+
+
+def _rebuild(tx: Any, fvar: Any, depth: int) -> Any:
+    import types
+
+    cells = []
+    for cell_var in fvar.closure.items if fvar.closure else ():
+        contents = tx.output.side_effects.load_cell(cell_var)
+        if contents is fvar:
+            raise LookupError("a function capturing itself")
+        cells.append(types.CellType(_real(tx, contents, depth)))
+    fn = types.FunctionType(
+        fvar.code.as_python_constant(),
+        fvar.f_globals,
+        fvar.fn_name.as_python_constant(),
+        None,
+        tuple(cells) if fvar.closure else None,
+    )
+    if fvar.defaults:
+        fn.__defaults__ = _real(tx, fvar.defaults, depth + 1)
+    if fvar.kwdefaults:
+        fn.__kwdefaults__ = _real(tx, fvar.kwdefaults, depth + 1)
+    return fn
+
+
+def _summary(value: Any, depth: int = 0) -> Any:
+    """What tells captured values apart for one compile (a memo key)."""
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), value.dtype, value.requires_grad)
+    if isinstance(value, dict) and depth < 8:
+        return ("d", tuple((k, _summary(v, depth + 1)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)) and depth < 8:
+        return (type(value).__name__, tuple(_summary(v, depth + 1) for v in value))
+    if type(value) in (bool, int, float, complex, str, bytes, type(None)):
+        return value
+    return ("id", id(value))
+
+
+def _fill_rebuilt(ctx: Any) -> None:
+    from torch._dynamo.variables import ConstantVariable
+
+    found = _nested(ctx)
+    if found is None:
+        return
+    tx, fvar = found
+    try:
+        fn = _rebuild(tx, fvar, 0)
+    except Exception as error:  # a captured value only the graph has (under a transform)
+        reason = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        tx.symbolic_locals["out"] = ConstantVariable.create(reason)
+        return
+    cells = tuple(_summary(c.cell_contents) for c in fn.__closure__ or ())
+    token = ("rebuilt", id(fn.__code__), repr(cells))
+    try:
+        context = torch._guards.CompileContext.get()
+    except Exception:
+        return
+    # the first one for this code and these captured values: dynamo's restarts of the
+    # frame's analysis rebuild it, and must find the trace of the first pass
+    context.__dict__.setdefault("_raggedfn_rebuilt", {}).setdefault(token, fn)
+    tx.symbolic_locals["out"] = ConstantVariable.create(token)
+
+
+def _fill_one_graph(ctx: Any) -> None:
+    from torch._dynamo.variables import ConstantVariable
+
+    tx = ctx._i_will_not_complain_if_bc_breaks_InstructionTranslator()
+    strict = bool(getattr(tx, "one_graph", True)) or bool(getattr(tx, "error_on_graph_break", 0))
+    tx.symbolic_locals["out"] = ConstantVariable.create(strict)
+
+
+def one_graph() -> bool:
+    """Whether the frame dynamo compiles refuses graph breaks (``fullgraph=True``, or
+    ``error_on_graph_break``); False outside compilation."""
+    if not torch.compiler.is_compiling():
+        return False
+    out = True
+    comptime(_fill_one_graph)
+    return out
+
+
+def rebuilt(f: Any) -> Any:
+    """For ``f`` made by dynamo in the compiled region: a token (a tuple) naming a real
+    function equal to it (its code, globals, defaults, and closure cells holding the
+    real values it captured: modules, numbers, and the real values of captured tensors,
+    which dynamo computes from the frame's inputs), for :func:`rebuilt_function` while
+    this compile runs; a string saying why not (a value captured under a
+    ``torch.func`` transform has no real value); ``None`` outside compilation."""
+    if not torch.compiler.is_compiling():
+        return None
+    out: Any = "dynamo did not expose the function"
+    comptime(_fill_rebuilt)
+    return out
+
+
+def rebuilt_function(token: Any) -> Any:
+    """The function a :func:`rebuilt` token names (during the same compile)."""
+    return torch._guards.CompileContext.get().__dict__["_raggedfn_rebuilt"][token]
+
+
 def cell(f: Any, i: int) -> Any:
     """``f.__closure__[i].cell_contents``, also for a function dynamo made."""
     if not torch.compiler.is_compiling():
@@ -136,4 +276,12 @@ def global_of(f: Any, name: str) -> Any:
     return out
 
 
-__all__ = ["cell", "global_of", "made_inside", "static"]
+__all__ = [
+    "cell",
+    "global_of",
+    "made_inside",
+    "one_graph",
+    "rebuilt",
+    "rebuilt_function",
+    "static",
+]
