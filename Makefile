@@ -38,7 +38,7 @@ demo: $(VENV)/.installed-examples
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check raggedfn tests property_tests benchmarks examples
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n auto --dist loadfile --durations=15
 
 # nightly-style: 20,000 generated per-sample programs through raggedfn.map vs the loop
 # (property_tests/map_oracle.py); prints counts per outcome, times and shrunk reproducers.

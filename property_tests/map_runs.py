@@ -66,7 +66,9 @@ def default_workers() -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_WORKERS))
+    # under pytest-xdist the other test workers share the cores: this one takes its share
+    share = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    return max(1, min(cores // share, MAX_WORKERS))
 
 
 def rerun_commands(seed: int, count: int, min_steps: int, max_steps: int) -> str:

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import os
+
 import pytest
+import torch
 
 from raggedfn._map.caching import _warm
+
+# `make test` runs one pytest-xdist worker per core: each takes its share of the cores for
+# torch's intra-op threads instead of all of them (no oversubscribed cores)
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (_cores or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 @pytest.fixture
