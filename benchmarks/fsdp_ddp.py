@@ -57,6 +57,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 import raggedfn
 from benchmarks import plots
@@ -243,8 +245,10 @@ def measure(rank: int, size: Size, rounds: int, orders: int) -> dict[str, Any]:
     # timing: both systems built, the same batch, steps alternated
     systems = {name: build(name, size) for name in SYSTEMS}
     fsdp = systems["fsdp"].model
+    # each block its own FSDP2 unit (not only sharded by the root's), holding a shard
     out["blocks_sharded"] = [
-        all(isinstance(p, torch.distributed.tensor.DTensor) for p in block.parameters())
+        isinstance(block, FSDPModule)
+        and all(isinstance(p, DTensor) for p in block.parameters())
         and _bytes(_local(p) for p in block.parameters()) < _bytes(block.parameters())
         for block in fsdp.blocks
     ]

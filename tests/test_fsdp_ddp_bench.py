@@ -46,6 +46,11 @@ def _loop_loss(size: fsdp_ddp.Size, rank: int) -> float:
     return float(total) * fsdp_ddp.WORLD / sum(len(ls) for ls in lengths)
 
 
+def _chunk_numel(p: torch.Tensor, rank: int) -> int:
+    rows = -(-p.shape[0] // fsdp_ddp.WORLD)
+    return max(0, min(rows, p.shape[0] - rank * rows)) * p[0].numel()
+
+
 def test_every_block_is_sharded(record: dict) -> None:
     for rank in record["ranks"]:
         assert rank["blocks_sharded"] == [True] * record["size"]["blocks"]
@@ -71,6 +76,9 @@ def test_fsdp_holds_less_state_than_ddp(record: dict) -> None:
     for rank in record["ranks"]:
         assert rank["parameters"] == numel
         assert rank["memory"]["ddp"]["state"]["total"] == ddp_bytes
+        # FSDP2: this rank's torch.chunk of every parameter along dim 0, times the same four
+        shard = sum(_chunk_numel(p, rank["rank"]) for p in params)
+        assert rank["memory"]["fsdp"]["state"]["total"] == 4 * 4 * shard + 4 * len(params)
         assert rank["memory"]["fsdp"]["state"]["total"] < ddp_bytes
     assert record["state_ratio"] < 1
     assert record["time_ratio"] > 0 and record["meets_targets"].keys() == {
