@@ -32,6 +32,9 @@ Measured per rank:
   losses are recorded: both systems must give the same loss), then ``--rounds``
   rounds in an order rotated from round to round (``_standalone.rotated_rounds``);
   medians, and the ratio as the median of per-round ratios.
+- **collectives**: FSDP2's and DDP's collectives alone on the parameters' bytes
+  (``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_reduce``), to set
+  the step-time difference against what the extra communication costs.
 
 Targets (reported, not asserted): per-rank parameter + gradient + optimizer bytes at
 most 0.6x DDP's, step time within 1.3x of DDP's.
@@ -48,6 +51,7 @@ import datetime
 import gc
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -216,15 +220,7 @@ def _tokens(lengths: list[int], vocab: int, rank: int) -> raggedfn.Ragged:
 def _timed(system: System, tokens: raggedfn.Ragged, scale: float) -> Callable[[], float]:
     """One step started on both ranks together; the slower rank's seconds."""
 
-    def run() -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        system.step(tokens, scale)
-        seconds = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
-        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        return float(seconds)
-
-    return run
+    return lambda: _timed_call(lambda: system.step(tokens, scale))
 
 
 def _max_difference(fsdp: Model, ddp: Model) -> float:
@@ -234,6 +230,35 @@ def _max_difference(fsdp: Model, ddp: Model) -> float:
         full = a.full_tensor() if hasattr(a, "full_tensor") else a  # type: ignore[operator]
         worst = max(worst, float((full.detach() - b.detach()).abs().max()))
     return worst
+
+
+def collectives(numel: int, rounds: int) -> dict[str, float]:
+    """Milliseconds (medians, the slower rank's) of the collectives each system makes on
+    all the parameters' float32 bytes, alone: FSDP2 all-gathers them twice (forward,
+    backward) and reduce-scatters the gradients; DDP all-reduces the gradients."""
+    shard = torch.randn(-(-numel // WORLD))
+    full = torch.empty(shard.numel() * WORLD)
+    calls: dict[str, Callable[[], Any]] = {
+        "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full),
+        "all_reduce": lambda: dist.all_reduce(full),
+    }
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(rounds + 1):  # round 0 warms up
+        for name, call in calls.items():
+            seconds = _timed_call(call)
+            if r:
+                times[name].append(1e3 * seconds)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _timed_call(call: Callable[[], Any]) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    call()
+    seconds = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
+    dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+    return float(seconds)
 
 
 def measure(rank: int, size: Size, rounds: int, orders: int) -> dict[str, Any]:
@@ -260,6 +285,7 @@ def measure(rank: int, size: Size, rounds: int, orders: int) -> dict[str, Any]:
     out["fsdp_over_ddp"] = timed["raggedfn_over"]["ddp"]
     out["max_parameter_difference"] = _max_difference(fsdp, systems["ddp"].model)
     del systems, runs, fsdp
+    out["collectives_ms"] = collectives(out["parameters"], rounds)
     out["timing_seconds"] = round(time.perf_counter() - started, 2)
     # peak RSS, each system alone (after the timing: first-call allocations are done),
     # in both orders: the larger value
@@ -398,6 +424,18 @@ def markdown(record: dict[str, Any]) -> str:
         f"{r0['loss_step1']['fsdp']:.9g}, ddp {r0['loss_step1']['ddp']:.9g}; largest parameter "
         f"difference after {record['rounds'] + 2} steps: {r0['max_parameter_difference']:.2g}.",
     ]
+    c = r0.get("collectives_ms")
+    if c:
+        extra = 2 * c["all_gather"] + c["reduce_scatter"] - c["all_reduce"]
+        lines += [
+            "",
+            f"The collectives alone on all {r0['parameters'] / 1e6:.2f} M float32 parameters "
+            f"(medians, ms): all_gather_into_tensor {c['all_gather']:.1f}, "
+            f"reduce_scatter_tensor {c['reduce_scatter']:.1f}, all_reduce {c['all_reduce']:.1f}: "
+            f"FSDP2's two gathers and one reduce-scatter cost {extra:.0f} ms more per step than "
+            f"DDP's all-reduce (measured step difference "
+            f"{r0['median_ms']['fsdp'] - r0['median_ms']['ddp']:.0f} ms).",
+        ]
     return "\n".join(lines)
 
 
