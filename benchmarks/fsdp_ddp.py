@@ -24,16 +24,17 @@ Measured per rank:
   counted as distinct storages (FSDP2's padded shards, DDP's buckets).
 - **peak RSS**: torch has no CPU allocator statistics, so this is the process's peak
   resident set (``VmHWM``, reset through ``/proc/self/clear_refs``) above its RSS
-  before the system is built, over building it and two steps, each system alone
-  (the other freed first; ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed tensors leave
-  the RSS), measured in both orders (``--memory-orders 2``) and the larger value kept.
+  before the system is built, over building it and two steps (and the RSS it still
+  holds after them), each system alone (the other freed first;
+  ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed tensors leave the RSS), measured in
+  both orders (``--memory-orders 2``) and the larger value kept.
 - **step time**: zero_grad, forward, backward, ``optimizer.step()``, started on both
   ranks by a barrier; the slower rank's time. One warm-up step per system (whose
   losses are recorded: both systems must give the same loss), then ``--rounds``
   rounds in an order rotated from round to round (``_standalone.rotated_rounds``);
   medians, and the ratio as the median of per-round ratios.
 - **collectives**: FSDP2's and DDP's collectives alone on the parameters' bytes
-  (``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_reduce``), to set
+  (``all_gather_single``, ``reduce_scatter_single``, ``all_reduce``), to set
   the step-time difference against what the extra communication costs.
 
 Targets (reported, not asserted): per-rank parameter + gradient + optimizer bytes at
@@ -239,8 +240,8 @@ def collectives(numel: int, rounds: int) -> dict[str, float]:
     shard = torch.randn(-(-numel // WORLD))
     full = torch.empty(shard.numel() * WORLD)
     calls: dict[str, Callable[[], Any]] = {
-        "all_gather": lambda: dist.all_gather_into_tensor(full, shard),
-        "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full),
+        "all_gather": lambda: dist.all_gather_single(full, shard),
+        "reduce_scatter": lambda: dist.reduce_scatter_single(shard, full),
         "all_reduce": lambda: dist.all_reduce(full),
     }
     times: dict[str, list[float]] = {name: [] for name in calls}
@@ -386,6 +387,11 @@ def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
+def _held_ratio(record: dict[str, Any]) -> float | None:
+    held = {n: max(r["memory"][n]["held_rss_mib"] for r in record["ranks"]) for n in SYSTEMS}
+    return held["fsdp"] / held["ddp"] if held["ddp"] >= 1 else None
+
+
 def markdown(record: dict[str, Any]) -> str:
     s = record["size"]
     r0 = record["ranks"][0]
@@ -399,8 +405,8 @@ def markdown(record: dict[str, Any]) -> str:
         f"{record['load_average']['after'][0]:.1f} after",
         "",
         "| system | step ms | params MiB | grads MiB | Adam MiB | state MiB | state storages "
-        "MiB | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "MiB | RSS held after MiB | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in SYSTEMS:
         cells = [rank["memory"][name] for rank in record["ranks"]]
@@ -409,13 +415,15 @@ def markdown(record: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {r0['median_ms'][name]:.1f} | {st['params'] / MIB:.2f} | "
             f"{st['grads'] / MIB:.2f} | {st['optimizer'] / MIB:.2f} | {st['total'] / MIB:.2f} | "
-            f"{st['storages'] / MIB:.2f} | {max(c['peak_rss_mib'] for c in cells):.1f} |"
+            f"{st['storages'] / MIB:.2f} | {max(c['held_rss_mib'] for c in cells):.1f} | "
+            f"{max(c['peak_rss_mib'] for c in cells):.1f} |"
         )
     t = record["targets"]
     met = record["meets_targets"]
     lines += [
         f"| fsdp / ddp | {record['time_ratio']:.2f}x | | | | {record['state_ratio']:.3f}x | "
-        f"{record['storage_ratio']:.3f}x | {_ratio(record['peak_rss_ratio'])} |",
+        f"{record['storage_ratio']:.3f}x | {_ratio(_held_ratio(record))} | "
+        f"{_ratio(record['peak_rss_ratio'])} |",
         "",
         f"Targets: state (parameters + gradients + Adam, per rank) <= {t['state_ratio']}x DDP's: "
         f"{record['state_ratio']:.3f}x, {'met' if met['state_ratio'] else 'NOT met'}; step time "
@@ -430,8 +438,8 @@ def markdown(record: dict[str, Any]) -> str:
         lines += [
             "",
             f"The collectives alone on all {r0['parameters'] / 1e6:.2f} M float32 parameters "
-            f"(medians, ms): all_gather_into_tensor {c['all_gather']:.1f}, "
-            f"reduce_scatter_tensor {c['reduce_scatter']:.1f}, all_reduce {c['all_reduce']:.1f}: "
+            f"(medians, ms): all_gather {c['all_gather']:.1f}, "
+            f"reduce_scatter {c['reduce_scatter']:.1f}, all_reduce {c['all_reduce']:.1f}: "
             f"FSDP2's two gathers and one reduce-scatter cost {extra:.0f} ms more per step than "
             f"DDP's all-reduce (measured step difference "
             f"{r0['median_ms']['fsdp'] - r0['median_ms']['ddp']:.0f} ms).",

@@ -209,8 +209,8 @@ def plot_fsdp_ddp(record: dict[str, Any], path: Path) -> bool:
     groups = {k: v for k, v in groups.items() if v["fsdp / ddp"] is not None}
     size = record["size"]
     return write_bars(
-        path, f"FSDP2 (every block sharded, inside map) over DDP, {record['world']} ranks, "
-        f"{size['blocks']} blocks hidden {size['hidden']} (lower is better)",
+        path, f"FSDP2 (every block sharded, in map) / DDP: {record['world']} ranks, "
+        f"{size['blocks']} x {size['hidden']} wide, B {size['batch']} per rank",
         groups, "FSDP2 / DDP", target=sorted(record["targets"].values()), log=False,
     )  # fmt: skip
 
