@@ -198,6 +198,23 @@ def plot_distributed(record: dict[str, Any], path: Path) -> bool:
     return distributed.write_plot(record, path)
 
 
+def plot_fsdp_ddp(record: dict[str, Any], path: Path) -> bool:
+    """FSDP2 over DDP: per-rank state (parameters + gradients + Adam), peak RSS and step
+    time, both targets marked."""
+    groups = {
+        "state per rank\n(params+grads+Adam)": {"fsdp / ddp": record["state_ratio"]},
+        "peak RSS per rank": {"fsdp / ddp": record["peak_rss_ratio"]},
+        "step time": {"fsdp / ddp": record["time_ratio"]},
+    }
+    groups = {k: v for k, v in groups.items() if v["fsdp / ddp"] is not None}
+    size = record["size"]
+    return write_bars(
+        path, f"FSDP2 (every block sharded, in map) / DDP: {record['world']} ranks, "
+        f"{size['blocks']} x {size['hidden']} wide, B {size['batch']} per rank",
+        groups, "FSDP2 / DDP", target=sorted(record["targets"].values()), log=False,
+    )  # fmt: skip
+
+
 def plot_harness(record: dict[str, Any], path: Path) -> bool:
     from benchmarks.harness import write_plot
 
@@ -218,6 +235,7 @@ PLOTTERS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "map_retrace": plot_map_retrace,
     "bert_full": plot_bert_full,
     "compiled_layer": plot_compiled_layer,
+    "fsdp_ddp": plot_fsdp_ddp,
 }
 
 
