@@ -24,6 +24,7 @@ from .._layout import Axis, Layout
 from .._nested import level_offsets, level_partitions
 from .._ragged import Ragged, like
 from ._broadcast import check_equal
+from ._nested_select import cat_nested, cat_nested_batches
 from ._pairs import pairs
 
 __all__ = [
@@ -147,6 +148,15 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
     there is the sum; every other ragged size must agree per sample). Along a
     dense axis it is ``torch.cat`` of each sample (partitions must be equal).
 
+    With nested ragged axes (documents -> sentences -> tokens), along nested
+    axis ``dim`` the axes above it must agree and, within every element of the
+    axis above (every sample for the first), the elements along ``dim`` of
+    ``xs[0]`` come first, then those of ``xs[1]``, ... each with everything
+    below it (``tf.concat`` of ``RaggedTensor``): ``cat([x, y], 2)`` joins the
+    tokens of sentence ``s`` of ``x`` and of ``y``. The axes below ``dim`` may
+    differ; where the axis below ``dim`` is rectangular with it, the rectangles'
+    sides must agree.
+
     Args:
         xs: one or more ``Ragged`` values with the same layout.
         dim: logical axis.
@@ -157,7 +167,7 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
     Raises:
         RaggedError: ``xs`` is not a non-empty list of ``Ragged`` values; values that differ
             in layout, batch size or dense sizes, or in the sizes of ragged axes other than
-            ``dim``; ``dim`` out of range.
+            ``dim`` (nested: of the axes above ``dim``); ``dim`` out of range.
 
     Examples:
         >>> import torch, raggedfn
@@ -178,10 +188,10 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
                 f"Layout({first.layout.code!r}) like xs[0]",
             )
     dim = normalize_axis(first, dim, fn)
-    if first.row_offsets and dim == 0:
-        return _cat_nested_batches(xs)
-    for x in xs:
-        refuse_nested(fn, x, "values with nested ragged axes along an axis other than 0")
+    if first.row_offsets:
+        if dim == 0:
+            return cat_nested_batches(xs)
+        return cat_nested(xs, first.layout.axes[dim - 1], dim)
     if dim == 0:
         for n, x in enumerate(xs[1:], 1):
             if x.values.shape[1:] != first.values.shape[1:]:
@@ -312,32 +322,3 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     counts = torch.zeros(x.batch_size, dtype=torch.int64, device=x.device)
     counts = counts.index_add(0, segments, bits.sum(1))
     return Ragged(values[bits], offsets_of(counts), counts.unsqueeze(1), Layout.standard(1, 0))
-
-
-def _cat_nested_batches(xs: Sequence[Ragged]) -> Ragged:
-    """``cat(xs, 0)`` of nested values: the samples of all, every level's partition joined."""
-    first = xs[0]
-    for n, x in enumerate(xs[1:], 1):
-        if x.values.shape[1:] != first.values.shape[1:]:
-            raise fail(
-                "cat",
-                f"xs[{n}] has logical shape {shape_text(x.shape)}, expected the dense sizes of "
-                f"{shape_text(first.shape)}",
-            )
-
-    def joined(partitions: list[Tensor]) -> Tensor:
-        # each partition shifted by the elements of the ones before it
-        shifts = offsets_of(torch.stack([p[-1] for p in partitions]))[:-1]
-        parts = [p[:-1] + shift for p, shift in zip(partitions, shifts, strict=True)]
-        return torch.cat([*parts, (partitions[-1][-1] + shifts[-1]).reshape(1)])
-
-    row_offsets = tuple(
-        joined([x.row_offsets[k] for x in xs]) for k in range(first.layout.num_nested)
-    )
-    return Ragged(
-        torch.cat([x.values for x in xs]),
-        joined([x.offsets for x in xs]),
-        torch.cat([x.sizes for x in xs]),
-        first.layout,
-        row_offsets,
-    )

@@ -1,0 +1,140 @@
+"""Nested ragged values: cat along every axis, per-element products, gather and
+masked_select equal the per-sample, per-row loop (values and gradients).
+
+References read the operands' canonical form by hand (``nested_reference``);
+operands come from ``nested_strategies`` (B = 0, B = 1, empty samples and empty
+rows by construction).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import raggedfn
+from property_tests.nested_reference import Sample, assert_canonical, canonical, weighted_sum
+from property_tests.nested_strategies import (
+    ANY_FEATURES,
+    ANY_LEVELS,
+    build,
+    level_lengths,
+    relengthed,
+)
+from property_tests.strategies import _random_values
+
+SETTINGS = settings(deadline=None, max_examples=25)
+
+
+def _grads(result: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    total = weighted_sum(result)
+    if not total.requires_grad:
+        return [torch.zeros_like(t) for t in inputs]
+    found = torch.autograd.grad(total, inputs, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, found, strict=True)]
+
+
+def _value(
+    lengths: list[list[int]], features: tuple[int, ...], rectangular: tuple[int, ...], seed: int
+) -> raggedfn.Ragged:
+    values = _random_values((sum(lengths[-1]), *features), torch.float64, seed)
+    return build(lengths, values.requires_grad_(True), rectangular)
+
+
+# ----- cat ---------------------------------------------------------------------------------
+
+
+def _cat_reference(parts: list[list[Sample]], level: int) -> list[Sample]:
+    """Per sample: the operands' elements of ``level`` within every element above it, one
+    operand after the other, each renumbered after the ones before, with its subtree."""
+    out: list[Sample] = []
+    for samples in zip(*parts, strict=True):
+        levels = len(samples[0][0])
+        shift: dict[tuple[int, ...], int] = {}
+        keyed: list[list[tuple[tuple[int, ...], Any]]] = [[] for _ in range(levels)]
+        for keys, rows in samples:
+            here: dict[tuple[int, ...], int] = {}
+            for key in keys[level]:
+                here[key[:level]] = here.get(key[:level], 0) + 1
+            for k in range(level, levels):
+                for n, key in enumerate(keys[k]):
+                    moved = (
+                        *key[:level],
+                        key[level] + shift.get(key[:level], 0),
+                        *key[level + 1 :],
+                    )
+                    keyed[k].append((moved, rows[n] if k == levels - 1 else None))
+            for parent, count in here.items():
+                shift[parent] = shift.get(parent, 0) + count
+        new_keys = list(samples[0][0][:level])
+        for k in range(level, levels):
+            new_keys.append(sorted(key for key, _ in keyed[k]))
+        rows = [row for _, row in sorted(keyed[-1], key=lambda item: item[0])]
+        out.append((new_keys, rows))
+    return out
+
+
+def _rectangles_break(expected: list[Sample], level: int) -> bool:
+    """Whether the elements of ``level`` under one element above them hold different
+    numbers of elements of ``level + 1`` (a rectangle there would break)."""
+    for keys, _ in expected:
+        counts: dict[tuple[int, ...], int] = {key: 0 for key in keys[level]}
+        for key in keys[level + 1]:
+            counts[key[: level + 1]] += 1
+        sides: dict[tuple[int, ...], set[int]] = {}
+        for key, count in counts.items():
+            sides.setdefault(key[:level], set()).add(count)
+        if any(len(found) > 1 for found in sides.values()):
+            return True
+    return False
+
+
+@SETTINGS
+@given(ANY_LEVELS, ANY_FEATURES, st.integers(2, 3), st.data())
+def test_cat_along_every_axis_of_nested_values(
+    shape: tuple[int, tuple[int, ...]], features: tuple[int, ...], count: int, data: Any
+) -> None:
+    levels, rectangular = shape
+    lengths = data.draw(level_lengths(levels, rectangular=rectangular))
+    dim = data.draw(st.integers(1, levels + len(features)))
+    seeds = data.draw(st.lists(st.integers(0, 2**31 - 1), min_size=count, max_size=count))
+    if dim > levels:  # a dense axis: one partition, new values
+        xs = [_value(lengths, features, rectangular, seed) for seed in seeds]
+        got = raggedfn.cat(xs, dim)
+        j = dim - 1 - levels
+        expected = []
+        for samples in zip(*(canonical(x) for x in xs), strict=True):
+            rows = [torch.cat(parts, j) for parts in zip(*(s[1] for s in samples), strict=True)]
+            expected.append((samples[0][0], rows))
+    else:
+        level = dim - 1
+        all_lengths = [lengths] + [
+            data.draw(relengthed(lengths, level, rectangular=rectangular)) for _ in seeds[1:]
+        ]
+        xs = [
+            _value(ls, features, rectangular, seed)
+            for ls, seed in zip(all_lengths, seeds, strict=True)
+        ]
+        expected = _cat_reference([canonical(x) for x in xs], level)
+        if level + 1 in rectangular and _rectangles_break(expected, level):
+            with pytest.raises(raggedfn.RaggedError, match="rectangular"):
+                raggedfn.cat(xs, dim)
+            return
+        got = raggedfn.cat(xs, dim)
+    assert_canonical(got, expected)
+    inputs = [x.values for x in xs]
+    for g, e in zip(_grads(got, inputs), _grads(expected, inputs), strict=True):
+        torch.testing.assert_close(g, e)
+
+
+def test_cat_of_nested_values_refuses_other_outer_levels() -> None:
+    x = raggedfn.from_nested_lengths(torch.randn(6, 3), [[2, 1], [1, 3, 2]])
+    y = raggedfn.from_nested_lengths(torch.randn(6, 3), [[1, 2], [1, 3, 2]])
+    assert raggedfn.cat([x, y], 1).sizes.tolist() == [[3, 5], [3, 7]]
+    with pytest.raises(raggedfn.RaggedError, match="above axis 2"):
+        raggedfn.cat([x, y], 2)
+    with pytest.raises(raggedfn.RaggedError, match="another partition"):
+        raggedfn.cat([x, y], 3)
