@@ -22,6 +22,7 @@ from property_tests.nested_strategies import (
     ANY_LEVELS,
     build,
     level_lengths,
+    nested_raggeds,
     relengthed,
 )
 from property_tests.strategies import _random_values
@@ -138,3 +139,81 @@ def test_cat_of_nested_values_refuses_other_outer_levels() -> None:
         raggedfn.cat([x, y], 2)
     with pytest.raises(raggedfn.RaggedError, match="another partition"):
         raggedfn.cat([x, y], 3)
+
+
+# ----- products per element of the outer levels --------------------------------------------
+
+
+def _per_element(x: raggedfn.Ragged, op: Any, out_ragged: int) -> list[Any]:
+    """Per sample: ``op`` on the stacked rows ``[L, D]`` of every element of the level above
+    the innermost; its result's first ``out_ragged`` axes become levels under that element
+    (``out_ragged = 0``: one row per element)."""
+    out: list[Any] = []
+    levels = x.num_ragged
+    for keys, rows in canonical(x):
+        new_keys = [list(level) for level in keys[: levels - 1]]
+        new_keys += [[] for _ in range(out_ragged)]
+        new_rows: list[torch.Tensor] = []
+        for parent in keys[levels - 2] if levels > 1 else [()]:
+            members = [rows[n] for n, key in enumerate(keys[-1]) if key[:-1] == parent]
+            line = torch.stack(members) if members else x.values.new_zeros(0, *x.values.shape[1:])
+            result = op(line)
+            if out_ragged == 0:
+                new_rows.append(result)
+                continue
+            for k in range(out_ragged):
+                for index in _indices(result.shape[: k + 1]):
+                    new_keys[levels - 1 + k].append((*parent, *index))
+            for index in _indices(result.shape[:out_ragged]):
+                new_rows.append(result[index])
+        out.append((new_keys, new_rows))
+    return out
+
+
+def _indices(shape: Any) -> list[tuple[int, ...]]:
+    found: list[tuple[int, ...]] = [()]
+    for n in shape:
+        found = [(*i, c) for i in found for c in range(n)]
+    return found
+
+
+PRODUCTS = {
+    # name: (raggedfn call on x with outer letters O, reference on one element's [L, D],
+    #        ragged output axes below the element)
+    "pairs": (lambda x, o: raggedfn.einsum(f"b{o}td,b{o}ud->b{o}tu", x, x), lambda t: t @ t.T, 2),
+    "matmul": (
+        lambda x, o: raggedfn.matmul(x, raggedfn.transpose(x, -1, -2)),
+        lambda t: t @ t.T,
+        2,
+    ),
+    "pairs_then_rows": (
+        lambda x, o: raggedfn.einsum(
+            f"b{o}tu,b{o}ud->b{o}td", raggedfn.einsum(f"b{o}td,b{o}ud->b{o}tu", x, x), x
+        ),
+        lambda t: (t @ t.T) @ t,
+        1,
+    ),
+    "rows": (
+        lambda x, o: raggedfn.einsum(f"b{o}td,b{o}td->b{o}t", x, x),
+        lambda t: (t * t).sum(-1),
+        1,
+    ),
+    "element": (
+        lambda x, o: raggedfn.einsum(f"b{o}td,b{o}ud->b{o}", x, x),
+        lambda t: (t @ t.T).sum(),
+        0,
+    ),
+}
+
+
+@SETTINGS
+@given(nested_raggeds(requires_grad=True, feature_shape=(3,)), st.sampled_from(sorted(PRODUCTS)))
+def test_products_per_element_of_the_outer_levels(x: raggedfn.Ragged, name: str) -> None:
+    call, ref, out_ragged = PRODUCTS[name]
+    outer = "ACE"[: x.num_ragged - 1]
+    got = call(x, outer)
+    expected = _per_element(x, ref, out_ragged)
+    assert_canonical(got, expected)
+    (g,) = _grads(got, [x.values])
+    (e,) = _grads(expected, [x.values])
+    torch.testing.assert_close(g, e)
