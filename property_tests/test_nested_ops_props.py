@@ -217,3 +217,83 @@ def test_products_per_element_of_the_outer_levels(x: raggedfn.Ragged, name: str)
     (g,) = _grads(got, [x.values])
     (e,) = _grads(expected, [x.values])
     torch.testing.assert_close(g, e)
+
+
+# ----- gather and take_along_dim -------------------------------------------------------------
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    ANY_LEVELS,
+    st.sampled_from([(), (2,)]),
+    st.sampled_from(["gather", "take_along_dim"]),
+    st.data(),
+)
+def test_gather_along_every_axis_of_nested_values(
+    shape: tuple[int, tuple[int, ...]], features: tuple[int, ...], name: str, data: Any
+) -> None:
+    levels, rectangular = shape
+    lengths = data.draw(level_lengths(levels, rectangular=rectangular))
+    x = _value(lengths, features, rectangular, data.draw(st.integers(0, 2**31 - 1)))
+    if features and data.draw(st.booleans()):
+        dim = 1 + levels + data.draw(st.integers(0, len(features) - 1))
+    else:
+        dim = data.draw(st.integers(1, levels))
+    level = dim - 1
+    if level < levels and data.draw(st.booleans()):
+        index_lengths = data.draw(relengthed(lengths, level, rectangular=rectangular))
+    else:
+        index_lengths = lengths
+    bad = data.draw(st.booleans()) and data.draw(st.booleans())  # an index naming nothing
+    samples = canonical(x)
+    present = [dict(zip(keys[-1], rows, strict=True)) for keys, rows in samples]
+    index_keys = canonical(build(index_lengths, torch.zeros(sum(index_lengths[-1]), *features)))
+    picks = data.draw(st.lists(st.integers(0, 2**16), min_size=1, max_size=1))[0]
+    values: list[torch.Tensor] = []
+    expected: list[Any] = []
+    valid = True
+    for (keys, _), rows_of in zip(index_keys, present, strict=True):
+        out_rows = []
+        for key in keys[-1]:
+            if level >= levels:  # a dense axis: the same element, positions along it
+                size = features[level - levels]
+                idx = torch.randint(
+                    0, size, features, generator=torch.Generator().manual_seed(picks)
+                )
+                picks += 1
+                values.append(idx)
+                out_rows.append(torch.gather(rows_of[key], level - levels, idx))
+                continue
+            idx = torch.zeros(features, dtype=torch.int64)
+            row = torch.zeros(features, dtype=torch.float64)
+            for pos in _indices(features):
+                found = [v for v in range(4) if (*key[:level], v, *key[level + 1 :]) in rows_of]
+                if bad or not found:  # the first value that names no element of x there
+                    valid = False
+                    idx[pos] = next(
+                        v for v in range(5) if (*key[:level], v, *key[level + 1 :]) not in rows_of
+                    )
+                    continue
+                v = found[picks % len(found)]
+                picks = picks * 7 + 3
+                idx[pos] = v
+                row[pos] = rows_of[(*key[:level], v, *key[level + 1 :])][pos]
+            values.append(idx)
+            out_rows.append(row)
+        expected.append((keys, out_rows))
+    index = build(
+        index_lengths,
+        torch.stack(values) if values else torch.zeros(0, *features, dtype=torch.int64),
+        rectangular,
+    )
+    op = raggedfn.gather if name == "gather" else raggedfn.take_along_dim
+    args = (x, dim, index) if name == "gather" else (x, index, dim)
+    if not valid:
+        with pytest.raises(raggedfn.RaggedError, match="must name an element"):
+            op(*args)
+        return
+    got = op(*args)
+    assert_canonical(got, expected)
+    (g,) = _grads(got, [x.values])
+    (e,) = _grads(expected, [x.values])
+    torch.testing.assert_close(g, e)
