@@ -297,3 +297,42 @@ def test_gather_along_every_axis_of_nested_values(
     (g,) = _grads(got, [x.values])
     (e,) = _grads(expected, [x.values])
     torch.testing.assert_close(g, e)
+
+
+# ----- masked_select ---------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(
+    nested_raggeds(requires_grad=True, feature_shape=st.sampled_from([(), (2,), (2, 3)])),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
+def test_masked_select_reads_every_sample_in_packed_order(
+    x: raggedfn.Ragged, rows_only: bool, seed: int
+) -> None:
+    shape = tuple(x.values.shape[1:])
+    bits_shape = (x.values.shape[0],) if rows_only else x.values.shape
+    bits = torch.rand(bits_shape, generator=torch.Generator().manual_seed(seed)) < 0.5
+    mask = x.with_values(bits)
+    got = raggedfn.masked_select(x, mask)
+    expected = []
+    for (_keys, rows), (_, chosen) in zip(canonical(x), canonical(mask), strict=True):
+        picked = [r[m] for r, m in zip(rows, chosen, strict=True)]
+        if rows_only and shape:
+            kept = [r for r, m in zip(rows, chosen, strict=True) if bool(m)]
+            expected.append(([[(n,) for n in range(len(kept))]], kept))
+            continue
+        flat = [v for p in picked for v in p.reshape(-1)]
+        expected.append(([[(n,) for n in range(len(flat))]], flat))
+    assert_canonical(got, expected)
+    (g,) = _grads(got, [x.values])
+    (e,) = _grads(expected, [x.values])
+    torch.testing.assert_close(g, e)
+
+
+def test_masked_select_needs_every_partition_of_x() -> None:
+    x = raggedfn.from_nested_lengths(torch.randn(4), [[2], [1, 3]])
+    mask = raggedfn.from_nested_lengths(torch.ones(4, dtype=torch.bool), [[2], [3, 1]])
+    with pytest.raises(raggedfn.RaggedError, match="row_offsets"):
+        raggedfn.masked_select(x, mask)

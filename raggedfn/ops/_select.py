@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._axes import normalize_axis, refuse_nested, sample_axis, values_dim
+from .._axes import leading_levels, normalize_axis, sample_axis, values_dim
 from .._errors import describe, fail, shape_text
 from .._index import coordinates, gather_ranges, lengths_of, offsets_of, segment_ids
 from .._layout import Axis, Layout
@@ -25,6 +25,7 @@ from .._nested import level_offsets, level_partitions
 from .._ragged import Ragged, like
 from ._broadcast import check_equal
 from ._nested_select import cat_nested, cat_nested_batches
+from ._nested_shape import flatten_levels
 from ._pairs import pairs
 
 __all__ = [
@@ -253,6 +254,29 @@ def _ragged_first(layout: Layout) -> bool:
     return all(a == Axis(True, k) for k, a in enumerate(layout.axes[: layout.num_ragged]))
 
 
+def _joined_levels(fn: str, x: Ragged, mask: Ragged) -> tuple[Ragged, Ragged]:
+    """Nested ``x`` and ``mask`` with their (equal) nested levels joined into one: the
+    selection reads every sample's rows in packed (row-major) order either way."""
+    if mask.num_ragged != x.num_ragged or mask.batch_size != x.batch_size:
+        raise fail(
+            fn,
+            f"mask must have the partition of x {shape_text(x.shape)}, got {shape_text(mask.shape)}",
+        )
+    for k, (a, b) in enumerate(zip(mask.row_offsets, x.row_offsets, strict=False)):
+        check_equal(fn, f"row_offsets[{k}]", a, b, "mask must have the partition of x")
+    if len(mask.row_offsets) != len(x.row_offsets):
+        raise fail(fn, "mask must have the partition of x: one is nested, the other is not")
+    for name, value in (("x", x), ("mask", mask)):
+        if leading_levels(value) != value.num_ragged:
+            raise fail(
+                fn,
+                f"needs the ragged axes first in storage order, got {name} "
+                f"{shape_text(value.shape)} with layout Layout({value.layout.code!r})",
+            )
+    last = x.num_ragged - 1
+    return flatten_levels(fn, x, 0, last), flatten_levels(fn, mask, 0, last)
+
+
 def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     """Select elements (or rows) of each sample where a boolean ``Ragged`` is True.
 
@@ -264,6 +288,11 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     - ``mask`` covering only the ragged axes (no dense axes): like
       ``x_i[mask_i]``, whole rows are kept, so ``(B, N*, *dense)`` becomes
       ``(B, K*, *dense)``.
+
+    With nested ragged axes (documents -> sentences -> tokens) each sample's
+    elements (or rows) are read in packed, row-major order, as for one ragged
+    axis: the result is one flat list per sample, ``(B, K*)`` or
+    ``(B, K*, *dense)``; ``mask`` must have every partition of ``x``.
 
     Args:
         x: ``Ragged`` value.
@@ -288,8 +317,8 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     fn = "masked_select"
     x = _require(fn, "x", x)
     mask = _require(fn, "mask", mask)
-    refuse_nested(fn, x)
-    refuse_nested(fn, mask)
+    if x.row_offsets or mask.row_offsets:
+        x, mask = _joined_levels(fn, x, mask)
     if mask.dtype != torch.bool:
         raise fail(fn, f"mask must be a boolean Ragged value, got dtype {mask.dtype}")
     if mask.batch_size != x.batch_size:
