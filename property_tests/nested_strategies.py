@@ -36,14 +36,45 @@ def level_lengths(
     if kind == "empty_batch" and min_batch == 0:
         return [[] for _ in range(levels)]
     batch = 1 if kind == "single" else draw(st.integers(max(min_batch, 1), max(max_batch, 1)))
-    size = st.integers(0, max_size)
+    fixed: list[int] = []
     if kind == "equal":
         fixed = [draw(st.integers(1, max_size)) for _ in range(levels)]
+    return _draw_levels(draw, [], levels, batch, max_size, rectangular, kind, fixed)
+
+
+@st.composite
+def relengthed(
+    draw: Any,
+    lengths: list[list[int]],
+    keep: int,
+    max_size: int = 3,
+    rectangular: tuple[int, ...] = (),
+) -> list[list[int]]:
+    """Lengths that share the first ``keep`` levels of ``lengths`` and draw the rest anew
+    (random, or with holes)."""
+    kind = draw(st.sampled_from(["random", "holes"]))
+    levels, batch = len(lengths), len(lengths[0])
+    return _draw_levels(draw, lengths[:keep], levels, batch, max_size, rectangular, kind, [])
+
+
+def _draw_levels(
+    draw: Any,
+    prefix: list[list[int]],
+    levels: int,
+    batch: int,
+    max_size: int,
+    rectangular: tuple[int, ...],
+    kind: str,
+    fixed: list[int],
+) -> list[list[int]]:
+    size = st.integers(0, max_size)
     lengths: list[list[int]] = []
     owners = list(range(batch))  # the element above the rectangle of every element
     count = batch
     for k in range(levels):
-        if kind == "equal":
+        if k < len(prefix):
+            row = list(prefix[k])
+        elif kind == "equal":
             row = [fixed[k]] * count
         elif k in rectangular:
             side = [draw(size) for _ in range(max(owners, default=-1) + 1)]

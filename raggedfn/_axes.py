@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ._errors import fail
-from ._layout import Axis
+from ._layout import Axis, Layout
 
 if TYPE_CHECKING:
     from ._ragged import Ragged
@@ -101,3 +101,30 @@ def innermost_nested(fn: str, x: Ragged, axis: Axis, dim: int) -> None:
             "axes (along an outer axis the k largest of every aligned line are not a prefix of "
             "each row); reduce or flatten the inner axes first, or sort along it",
         )
+
+
+def leading_levels(x: Ragged) -> int:
+    """How many nested ragged axes ``0, 1, ..`` lead the logical sample axes, in order."""
+    count = 0
+    for a in x.layout.axes:
+        if not (a.ragged and a.index == count):
+            break
+        count += 1
+    return count
+
+
+def inner_layout(layout: Layout, outer: int) -> Layout:
+    """The layout of one element of ragged axis ``outer - 1``: ``layout`` without its
+    leading ragged axes ``0 .. outer - 1``, the ragged axes left renumbered from 0 as one
+    rectangle."""
+    axes = [a for a in layout.axes if not (a.ragged and a.index < outer)]
+    return Layout(tuple(Axis(True, a.index - outer) if a.ragged else a for a in axes))
+
+
+def outer_layout(layout: Layout, inner: Layout, outer: int) -> Layout:
+    """``inner`` (the layout of one element of ragged axis ``outer - 1`` of ``layout``)
+    under the leading ragged axes ``0 .. outer - 1`` of ``layout``: its first ragged axis
+    nested in axis ``outer - 1``, the others a rectangle with it."""
+    head = [a for a in layout.axes if a.ragged and a.index < outer]
+    tail = [Axis(True, outer + a.index, a.index == 0) if a.ragged else a for a in inner.axes]
+    return Layout((*head, *tail))

@@ -279,15 +279,16 @@ def line_major_rows(offsets: Tensor, sizes: Tensor, total: int, axis: int) -> Te
     return offsets[segments] + flat * sizes[segments, axis] + coords[axis]
 
 
-def gather_ranges(starts: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+def gather_ranges(starts: Tensor, lengths: Tensor, total: Any = None) -> tuple[Tensor, Tensor]:
     """Concatenated index ranges ``starts[j] .. starts[j] + lengths[j]``.
 
     Returns ``(source [N], offsets [J + 1])``: the indices, and where each range
-    begins in them. Reads the total ``N`` on the host (one sync): it depends on
-    the data.
+    begins in them. Without ``total`` (the known ``N``, e.g. from tensor shapes)
+    it reads ``N`` on the host (one sync): it depends on the data.
     """
     offsets = offsets_of(lengths)
-    total = int(offsets[-1])
+    if total is None:
+        total = int(offsets[-1])
     rows = segment_ids(offsets, total)
     source = starts.index_select(0, rows) + local_positions(offsets, rows, total)
     return source, offsets

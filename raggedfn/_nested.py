@@ -151,3 +151,31 @@ def row_positions(sizes: Tensor, row_offsets: tuple[Tensor, ...], total: Any, le
     """``[T]`` every packed row's position along nested ragged axis ``level``."""
     owners, positions = coordinates(sizes, row_offsets, total)
     return positions[level].index_select(0, ancestors(owners, level))
+
+
+def row_coordinates(
+    sizes: Tensor, row_offsets: tuple[Tensor, ...], total: Any
+) -> tuple[Tensor, list[Tensor]]:
+    """``(sample [T], [c_0 [T], ..., c_{R-1} [T]])``: every packed row's sample and its
+    coordinate along each nested ragged axis."""
+    owners, positions = coordinates(sizes, row_offsets, total)
+    coords = [positions[k].index_select(0, ancestors(owners, k)) for k in range(len(owners))]
+    return ancestors(owners, -1), coords
+
+
+def find_rows(
+    sizes: Tensor, row_offsets: tuple[Tensor, ...], segments: Tensor, coords: list[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """``(row, found)``: the packed row at nested coordinates ``coords`` (any broadcastable
+    shapes) of sample ``segments``, and whether that element exists (where it does not,
+    ``row`` is meaningless: clamp it before reading)."""
+    partitions = level_partitions(sizes, row_offsets)
+    elem = segments
+    found = torch.ones((), dtype=torch.bool, device=segments.device)
+    for parts, c in zip(partitions, coords, strict=True):
+        last = parts.shape[0] - 1
+        start = parts.index_select(0, elem.clamp(0, last).reshape(-1)).view(elem.shape)
+        end = parts.index_select(0, (elem + 1).clamp(0, last).reshape(-1)).view(elem.shape)
+        found = found & (c >= 0) & (c < end - start)
+        elem = start + c
+    return elem, found

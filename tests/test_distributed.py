@@ -299,6 +299,7 @@ def check_errors_raise_on_every_rank(rank: int) -> list[str]:
         "splits count": lambda: all_to_all(x, [2] if rank == 0 else [1, 1]),
         "dense shape": lambda: all_gather(x if rank == 0 else x.with_values(x.values[:, :2])),
         "dtype": lambda: all_to_all(x if rank == 0 else x.float(), [1, 1]),
+        # nested values move (test_distributed_nested.py), but every rank must hold them
         "nested (rank 0)": lambda: all_to_all(nested if rank == 0 else x, [1, 1]),
     }
     # given receive sizes nothing is exchanged first: bad ones raise where they are passed
@@ -326,7 +327,7 @@ def check_errors_raise_on_every_rank(rank: int) -> list[str]:
         "negative sizes": "non-negative",
         "output splits sum": "add up to the number of output_sizes 2",
         "what a rank sends itself": f"samples of 3 rows from this rank (rank {rank}), but it sends",
-        "nested (rank 0)": "rank(s) [0]" if rank == 1 else "nested ragged axes",
+        "nested (rank 0)": f"rank(s) [{1 - rank}] hold values of another layout",
     }
     for name, call in {**bad, **local}.items():
         try:

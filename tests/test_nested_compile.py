@@ -137,3 +137,25 @@ def test_mixed_values_compile_to_one_graph() -> None:
             x = make(seed, shape)
             _assert_grads(compiled(x, w), pair_pooling(x, w), {"w": w})
         assert graphs() == (1, 0)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_cat_of_nested_values_compiles_to_one_graph(dim: int) -> None:
+    """cat along a nested or dense axis of documents: sizes from tensor shapes, no
+    host sync, so new structures reuse the graph."""
+    fresh()
+    w = torch.randn(4 if dim < 3 else 8, dtype=torch.float64, requires_grad=True)
+
+    def joined(x: raggedfn.Ragged, y: raggedfn.Ragged) -> torch.Tensor:
+        out = raggedfn.cat([x, y], dim)
+        return (raggedfn.sum(raggedfn.softmax(out, 2), 2).values @ w).pow(2).sum()
+
+    compiled = torch.compile(joined, fullgraph=True, dynamic=True)
+    for seed, shape in enumerate(DOCS):
+        x = raggedfn.from_list(documents(seed, shape))
+        other = shape if dim == 3 else [[n + 1 for n in doc] for doc in shape]
+        y = raggedfn.from_list(documents(10 + seed, other))
+        if dim == 1:  # other sentences (another count: no duck-sized equality), same documents
+            y = raggedfn.from_list(documents(10 + seed, [[2] * (len(d) % 2 + 1) for d in shape]))
+        _assert_grads(compiled(x, y), joined(x, y), {"w": w})
+    assert graphs() == (1, 0)

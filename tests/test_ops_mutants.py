@@ -107,11 +107,14 @@ def test_masked_select_names_the_sizes_that_differ() -> None:
 
 def test_cat_of_nested_values_along_an_inner_axis_says_why_it_refuses() -> None:
     a, b = _sentences(2), _sentences(2, seed=4)
+    # the same documents: the tokens of every sentence of a, then of b
+    joined = raggedfn.cat([a, b], 2)
+    assert joined.row_offsets[0].tolist() == [0, 4, 6, 12]
+    other = raggedfn.from_list([[torch.randn(1, 2)], [], [torch.randn(3, 2)]])
     with pytest.raises(
-        RaggedError,
-        match=r"^cat: values with nested ragged axes along an axis other than 0 are not supported",
+        RaggedError, match=r"^cat: operands have different partitions: sizes .* above axis 2"
     ):
-        raggedfn.cat([a, b], 2)
+        raggedfn.cat([a, other], 2)
 
 
 def test_cat_of_nested_batches_checks_every_operands_dense_sizes() -> None:

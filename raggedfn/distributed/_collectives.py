@@ -14,6 +14,8 @@ waiting.
 
 ``all_to_all`` with ``output_splits`` and ``output_sizes`` (what this rank
 receives, known to the caller) skips the header: one call, the values exchange.
+Nested values add one integer exchange after the values: the per-element
+lengths of every level after the first, in sample order (``_with_levels``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._errors import describe, fail
+from .._index import lengths_of, offsets_of
 from .._prims._collective import all_to_all_single
 from .._ragged import Ragged
 
@@ -48,7 +51,8 @@ def all_gather(x: Ragged, group: Any = None) -> Ragged:
     """The samples of every rank, in rank order, on every rank.
 
     Ranks may hold different batch sizes and lengths, or no samples at all;
-    they must agree on the layout, the dense shape and the dtype.
+    they must agree on the layout, the dense shape and the dtype. Nested values
+    (documents -> sentences -> tokens) move with every level.
 
     Args:
         x: this rank's ``Ragged`` of logical shape ``(B_r, ...)``; on the device
@@ -76,8 +80,9 @@ def all_gather(x: Ragged, group: Any = None) -> Ragged:
     values = x.values.unsqueeze(0).expand(world, *x.values.shape).reshape(-1, *x.values.shape[1:])
     sizes = x.sizes.repeat(world, 1)
     batch, rows = x.batch_size, x.values.shape[0]
-    problem = _nested(x)
-    return _exchange(fn, x, values, sizes, [batch] * world, [rows] * world, problem, world, group)
+    levels = [torch.cat([lengths_of(p)] * world) for p in x.row_offsets]
+    got = _exchange(fn, x, values, sizes, [batch] * world, [rows] * world, None, world, group)
+    return _with_levels(got, sizes, levels, [batch] * world, group)
 
 
 def all_to_all(
@@ -140,14 +145,16 @@ def all_to_all(
     _require_ragged(fn, x)
     world = dist.get_world_size(group)
     counts, problem = _check_splits(fn, "splits", splits, world, x.batch_size, "the batch size")
-    problem = problem or _nested(x)
     known = output_splits is not None or output_sizes is not None
     if known:
         if problem is not None:
             raise fail(fn, problem)
-        return _known_exchange(fn, x, counts, output_splits, output_sizes, world, group)
-    rows = [0] * world if problem is not None else _rows(x.offsets, counts)
-    return _exchange(fn, x, x.values, x.sizes, counts, rows, problem, world, group)
+        got = _known_exchange(fn, x, counts, output_splits, output_sizes, world, group)
+    else:
+        rows = [0] * world if problem is not None else _rows(x.offsets, counts)
+        got = _exchange(fn, x, x.values, x.sizes, counts, rows, problem, world, group)
+    levels = [lengths_of(p) for p in x.row_offsets]
+    return _with_levels(got, x.sizes, levels, counts, group)
 
 
 def _require_ragged(fn: str, x: Any) -> None:
@@ -155,11 +162,40 @@ def _require_ragged(fn: str, x: Any) -> None:
         raise fail(fn, f"x must be a Ragged value, got {describe(x)}")
 
 
-def _nested(x: Ragged) -> str | None:
-    """Why ``x`` cannot be exchanged (nested axes need their row offsets moved too)."""
-    if x.is_nested:
-        return f"values with nested ragged axes ({x.layout.code!r}) cannot be exchanged yet"
-    return None
+def _runs(counts: Tensor, samples: list[int]) -> list[int]:
+    """Sums of ``counts`` (one per sample) over runs of ``samples`` consecutive samples."""
+    return _rows(offsets_of(counts), samples)
+
+
+def _with_levels(
+    exchanged: tuple[Ragged, list[int]],
+    sizes: Tensor,
+    levels: list[Tensor],
+    samples_to: list[int],
+    group: Any,
+) -> Ragged:
+    """``got`` (samples exchanged with their sizes) with its nested levels: every sent
+    sample's lengths of levels ``1 .. R - 1`` (one per element of the level above) go
+    where the sample went, all levels in one integer exchange after the values."""
+    got, heard = exchanged  # heard: the samples received from each rank, in rank order
+    if not levels:
+        return got
+    got_sizes, world = got.sizes, len(samples_to)
+    sent = [_runs(sizes[:, k], samples_to) for k in range(len(levels))]  # [level][rank]
+    came = [_runs(got_sizes[:, k], heard) for k in range(len(levels))]
+    pieces = [level.split(sent[k]) for k, level in enumerate(levels)]
+    send = torch.cat([pieces[k][r] for r in range(world) for k in range(len(levels))])
+    received = send.new_empty(sum(sum(c) for c in came))
+    splits_to = [sum(sent[k][r] for k in range(len(levels))) for r in range(world)]
+    splits_from = [sum(came[k][r] for k in range(len(levels))) for r in range(world)]
+    dist.all_to_all_single(received, send, splits_from, splits_to, group=group)
+    chunks = received.split([came[k][r] for r in range(world) for k in range(len(levels))])
+    row_offsets = tuple(
+        offsets_of(torch.cat([chunks[r * len(levels) + k] for r in range(world)]))
+        for k in range(len(levels))
+    )
+    offsets = offsets_of(got_sizes[:, -1])
+    return Ragged._make(got.values, offsets, got_sizes, got.layout, row_offsets)
 
 
 def _rows(offsets: Tensor, counts: list[int]) -> list[int]:
@@ -216,7 +252,7 @@ def _exchange(
     problem: str | None,
     world: int,
     group: Any,
-) -> Ragged:
+) -> tuple[Ragged, list[int]]:
     num_ragged = x.layout.num_ragged
     capacity = max(8, _INLINE_SIZES // world)  # sizes entries per destination in the header
     entries = [n * num_ragged for n in samples_to]
@@ -257,7 +293,9 @@ def _exchange(
     else:
         got = [received[r, _META : _META + n * num_ragged] for r, n in enumerate(samples_from)]
         got_sizes = torch.cat(got).reshape(-1, num_ragged)
-    return Ragged._make(got_values, _offsets(got_sizes), got_sizes, x.layout)
+    return Ragged._make(
+        got_values, _offsets(got_sizes, x.is_nested), got_sizes, x.layout
+    ), samples_from
 
 
 def _check_heard(fn: str, x: Ragged, heard: list[list[int]], fingerprint: int) -> None:
@@ -275,9 +313,13 @@ def _check_heard(fn: str, x: Ragged, heard: list[list[int]], fingerprint: int) -
         )
 
 
-def _offsets(sizes: Tensor) -> Tensor:
-    """``[N + 1]`` offsets of samples of ``[N, R]`` sizes (one op less for one ragged axis)."""
-    lengths = sizes[:, 0] if sizes.shape[1] == 1 else sizes.prod(dim=1)
+def _offsets(sizes: Tensor, nested: bool = False) -> Tensor:
+    """``[N + 1]`` offsets of samples of ``[N, R]`` sizes (one op less for one ragged axis;
+    nested: the last column counts the rows)."""
+    if nested:
+        lengths = sizes[:, -1]
+    else:
+        lengths = sizes[:, 0] if sizes.shape[1] == 1 else sizes.prod(dim=1)
     offsets = sizes.new_zeros(sizes.shape[0] + 1)
     torch.cumsum(lengths, 0, out=offsets[1:])
     return offsets
@@ -291,8 +333,9 @@ def _known_exchange(
     output_sizes: Any,
     world: int,
     group: Any,
-) -> Ragged:
-    """``all_to_all`` with the receive side known: the values exchange alone."""
+) -> tuple[Ragged, list[int]]:
+    """``all_to_all`` with the receive side known: the values exchange alone (nested
+    levels follow in :func:`_with_levels`)."""
     if output_splits is None or output_sizes is None:
         raise fail(fn, "output_splits and output_sizes go together: pass both or neither")
     num_ragged = x.layout.num_ragged
@@ -321,7 +364,7 @@ def _known_exchange(
         raise fail(fn, problem)
     if bool((got_sizes < 0).any()):
         raise fail(fn, "output_sizes must be non-negative")
-    offsets = _offsets(got_sizes)
+    offsets = _offsets(got_sizes, x.is_nested)
     rows_to, rows_from = _rows(x.offsets, counts), _rows(offsets, samples_from)
     rank = dist.get_rank(group)
     if (samples_from[rank], rows_from[rank]) != (counts[rank], rows_to[rank]):
@@ -332,7 +375,7 @@ def _known_exchange(
             f"{counts[rank]} samples of {rows_to[rank]} rows",
         )
     got_values = all_to_all_single(x.values, rows_from, rows_to, group)
-    return Ragged._make(got_values, offsets, got_sizes, x.layout)
+    return Ragged._make(got_values, offsets, got_sizes, x.layout), samples_from
 
 
 __all__ = ["all_gather", "all_to_all"]

@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._axes import refuse_nested, sample_axis
+from .._axes import sample_axis
 from .._errors import fail, shape_text
 from .._index import coordinates
-from .._ragged import Ragged
+from .._nested import find_rows, row_coordinates
+from .._ragged import Ragged, like
 from .._validate import is_tracing
 from ._broadcast import check_equal
 from ._select import _require, _rows
@@ -45,8 +46,6 @@ def _check_bounds(fn: str, dim: int, idx: Tensor, limit: Tensor, segments: Tenso
 def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Ragged:
     x = _require(fn, "x", x)
     index = _require(fn, "index", index)
-    refuse_nested(fn, x)
-    refuse_nested(fn, index)
     axis = sample_axis(x, dim, fn)
     if index.dtype != torch.int64:
         raise fail(fn, f"index must be an int64 Ragged value, got dtype {index.dtype}")
@@ -57,6 +56,12 @@ def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Rag
             f"logical shape {shape_text(index.shape)}",
         )
     others = [j for j in range(x.num_ragged) if not (axis.ragged and j == axis.index)]
+    if x.row_offsets:  # the levels above the axis (all of them along a dense axis) agree
+        above = axis.index if axis.ragged else x.num_ragged
+        others = list(range(above))
+        explain = f"index must match x's nested ragged axes above axis {dim}"
+        for k in range(max(above - 1, 0)):
+            check_equal(fn, f"row_offsets[{k}]", index.row_offsets[k], x.row_offsets[k], explain)
     if others:
         check_equal(
             fn,
@@ -80,18 +85,32 @@ def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Rag
             )
     idx = index.values.expand(index.values.shape[0], *i_dense)
     total = idx.shape[0]
-    segments, coords = coordinates(index.offsets, index.sizes, total)
-    if axis.ragged:
-        limit = x.sizes[segments, axis.index].view(-1, *[1] * len(i_dense))
-    else:
-        limit = torch.full_like(segments, x_dense[axis.index]).view(-1, *[1] * len(i_dense))
-    _check_bounds(fn, dim, idx, limit, segments)
     view = (-1, *[1] * len(i_dense))
     positions = []
     for j, size in enumerate(i_dense):
         shape = [1] * (1 + len(i_dense))
         shape[1 + j] = size
         positions.append(torch.arange(size, device=idx.device).view(shape))
+    if x.row_offsets:
+        segments, coords = row_coordinates(index.sizes, index.row_offsets, total)
+        if axis.ragged:
+            coords = [c.view(view) for c in coords]
+            coords[axis.index] = idx
+            row, found = find_rows(x.sizes, x.row_offsets, segments.view(view), coords)
+            _check_found(fn, dim, idx, found, segments)
+            row = row.clamp(0, max(x.values.shape[0] - 1, 0))
+        else:
+            limit = torch.full_like(segments, x_dense[axis.index]).view(view)
+            _check_bounds(fn, dim, idx, limit, segments)
+            row = torch.arange(total, device=idx.device).view(view)
+            positions[axis.index] = idx
+        return _take(x, index, row, positions, i_dense)
+    segments, coords = coordinates(index.offsets, index.sizes, total)
+    if axis.ragged:
+        limit = x.sizes[segments, axis.index].view(-1, *[1] * len(i_dense))
+    else:
+        limit = torch.full_like(segments, x_dense[axis.index]).view(-1, *[1] * len(i_dense))
+    _check_bounds(fn, dim, idx, limit, segments)
     if axis.ragged:
         coords = list(coords)
         coords = [c.view(view) for c in coords]
@@ -104,11 +123,36 @@ def _gather(fn: str, x: Ragged, dim: int, index: Ragged, broadcast: bool) -> Rag
     else:
         row = _rows(x, segments, coords).view(view)
         positions[axis.index] = idx
+    return _take(x, index, row, positions, i_dense)
+
+
+def _take(
+    x: Ragged, index: Ragged, row: Tensor, positions: list[Tensor], i_dense: list[int]
+) -> Ragged:
+    """The elements of ``x`` at packed ``row`` and dense ``positions``, on ``index``'s
+    partition."""
     flat = row
-    for j, size in enumerate(x_dense):
+    for j, size in enumerate(x.values.shape[1:]):
         flat = flat * size + positions[j]
-    values = x.values.reshape(-1)[flat.reshape(-1)].reshape(total, *i_dense)
-    return Ragged(values, index.offsets, index.sizes, index.layout)
+    values = x.values.reshape(-1)[flat.reshape(-1)].reshape(index.values.shape[0], *i_dense)
+    return like(index, values)
+
+
+def _check_found(fn: str, dim: int, idx: Tensor, found: Tensor, segments: Tensor) -> None:
+    """Along a nested axis an index value must name an element of ``x`` that holds the
+    index element's coordinates below the axis."""
+    message = (
+        f"index values must name an element along axis {dim} of each sample's x (one that "
+        "has the index element's coordinates below that axis)"
+    )
+    if is_tracing(idx):
+        torch._assert_async(found.all(), f"{fn}: {message}")
+        return
+    bad = ~found.expand(idx.shape)
+    if idx.numel() and bool(bad.any()):
+        row = int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0, 0])
+        value = int(idx[row][bad[row]].reshape(-1)[0])
+        raise fail(fn, f"{message}; got {value} in sample {int(segments[row])}")
 
 
 def gather(x: Ragged, dim: int, index: Ragged) -> Ragged:
@@ -120,6 +164,12 @@ def gather(x: Ragged, dim: int, index: Ragged) -> Ragged:
         index: int64 ``Ragged`` with the layout of ``x``; its ragged sizes equal
             those of ``x`` except along ``dim``, its dense sizes are at most
             those of ``x``. Values lie in ``[0, size of dim)`` in each sample.
+            With nested ragged axes, along nested axis ``dim`` the axes above it
+            must equal those of ``x`` (the axes below may differ), and every
+            element takes ``x``'s element at its own coordinates with the one
+            along ``dim`` replaced by its value (``out[i][s][t] =
+            x[i][index[i][s][t]][t]``), which must exist; along a dense axis the
+            partitions must be equal.
 
     Returns:
         ``Ragged`` with the partition of ``index``.

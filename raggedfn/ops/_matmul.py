@@ -46,7 +46,9 @@ def matmul(a: Ragged | Tensor, b: Ragged | Tensor) -> Ragged | Tensor:
     gives the score state ``(B, N*, M*)`` (sizes ``(N_i, M_i)``); ``matmul(p, v)``
     with ``p (B, N*, M*)`` and ``v (B, M*, D)`` contracts the ragged axis and gives
     ``(B, N*, D)``. Leading sample axes must match (no broadcasting of size 1
-    against a ragged axis). Gradients flow to every floating operand.
+    against a ragged axis). Gradients flow to every floating operand. Nested
+    values multiply per element of their outer levels (see :func:`einsum`):
+    ``matmul(docs, transpose(docs, 2, 3))`` is a pair state per sentence.
 
     Args:
         a: ``Ragged`` or tensor.

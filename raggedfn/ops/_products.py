@@ -27,6 +27,7 @@ from .._index import offsets_of
 from .._layout import Layout
 from .._ragged import Ragged, like
 from . import _bucket
+from ._nested_products import per_element_einsum
 
 __all__ = ["einsum"]
 
@@ -112,6 +113,15 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
     appears, with the same size in each sample. Output letters that are ragged
     become ragged axes of the result; with none, the result is a dense
     ``[B, ...]`` tensor. Ellipsis is not supported.
+
+    Nested operands (documents -> sentences -> tokens) multiply per element of
+    their outer ragged axes: axes that lead every ``Ragged`` operand and the
+    output under the same letters (same partitions) are a batch, and below them
+    each operand's ragged axes must be one rectangle:
+    ``einsum('bstd,bsud->bstu', docs, docs)`` is a pair state ``(B, S*, L*, L*)``
+    per sentence (layout ``r0 n1 r2``), ``einsum('bstu,bsud->bstd', p, docs)``
+    contracts it back. Other products of nested axes (contracting an outer axis,
+    a batched dense operand) raise ``RaggedError``.
 
     Args:
         equation: e.g. ``'bikc,bjkc->bijc'`` (triangle update, outgoing),
@@ -215,6 +225,8 @@ def einsum(equation: str, *operands: Ragged | Tensor) -> Ragged | Tensor:
                 letters = tuple(a.nested for a in x.layout.axes if a.ragged)
                 out_layout = Layout.from_ragged_positions(len(rhs) - 1, out_positions, letters)
             return _packed(equation, operands, inputs, rhs, n, out_layout)
+    if any(isinstance(op, Ragged) and op.row_offsets for op in operands):
+        return per_element_einsum(fn, inputs, rhs, operands, batched_dense, einsum)
     for op in operands:
         if isinstance(op, Ragged):
             refuse_nested(fn, op, "products that combine or contract nested ragged axes")

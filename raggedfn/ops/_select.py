@@ -17,13 +17,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._axes import normalize_axis, refuse_nested, sample_axis, values_dim
+from .._axes import leading_levels, normalize_axis, sample_axis, values_dim
 from .._errors import describe, fail, shape_text
 from .._index import coordinates, gather_ranges, lengths_of, offsets_of, segment_ids
 from .._layout import Axis, Layout
 from .._nested import level_offsets, level_partitions
 from .._ragged import Ragged, like
 from ._broadcast import check_equal
+from ._nested_select import cat_nested, cat_nested_batches
+from ._nested_shape import flatten_levels
 from ._pairs import pairs
 
 __all__ = [
@@ -147,6 +149,15 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
     there is the sum; every other ragged size must agree per sample). Along a
     dense axis it is ``torch.cat`` of each sample (partitions must be equal).
 
+    With nested ragged axes (documents -> sentences -> tokens), along nested
+    axis ``dim`` the axes above it must agree and, within every element of the
+    axis above (every sample for the first), the elements along ``dim`` of
+    ``xs[0]`` come first, then those of ``xs[1]``, ... each with everything
+    below it (``tf.concat`` of ``RaggedTensor``): ``cat([x, y], 2)`` joins the
+    tokens of sentence ``s`` of ``x`` and of ``y``. The axes below ``dim`` may
+    differ; where the axis below ``dim`` is rectangular with it, the rectangles'
+    sides must agree.
+
     Args:
         xs: one or more ``Ragged`` values with the same layout.
         dim: logical axis.
@@ -157,7 +168,7 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
     Raises:
         RaggedError: ``xs`` is not a non-empty list of ``Ragged`` values; values that differ
             in layout, batch size or dense sizes, or in the sizes of ragged axes other than
-            ``dim``; ``dim`` out of range.
+            ``dim`` (nested: of the axes above ``dim``); ``dim`` out of range.
 
     Examples:
         >>> import torch, raggedfn
@@ -178,10 +189,10 @@ def cat(xs: Sequence[Ragged], dim: int = 0) -> Ragged:
                 f"Layout({first.layout.code!r}) like xs[0]",
             )
     dim = normalize_axis(first, dim, fn)
-    if first.row_offsets and dim == 0:
-        return _cat_nested_batches(xs)
-    for x in xs:
-        refuse_nested(fn, x, "values with nested ragged axes along an axis other than 0")
+    if first.row_offsets:
+        if dim == 0:
+            return cat_nested_batches(xs)
+        return cat_nested(xs, first.layout.axes[dim - 1], dim)
     if dim == 0:
         for n, x in enumerate(xs[1:], 1):
             if x.values.shape[1:] != first.values.shape[1:]:
@@ -243,6 +254,29 @@ def _ragged_first(layout: Layout) -> bool:
     return all(a == Axis(True, k) for k, a in enumerate(layout.axes[: layout.num_ragged]))
 
 
+def _joined_levels(fn: str, x: Ragged, mask: Ragged) -> tuple[Ragged, Ragged]:
+    """Nested ``x`` and ``mask`` with their (equal) nested levels joined into one: the
+    selection reads every sample's rows in packed (row-major) order either way."""
+    if mask.num_ragged != x.num_ragged or mask.batch_size != x.batch_size:
+        raise fail(
+            fn,
+            f"mask must have the partition of x {shape_text(x.shape)}, got {shape_text(mask.shape)}",
+        )
+    for k, (a, b) in enumerate(zip(mask.row_offsets, x.row_offsets, strict=False)):
+        check_equal(fn, f"row_offsets[{k}]", a, b, "mask must have the partition of x")
+    if len(mask.row_offsets) != len(x.row_offsets):
+        raise fail(fn, "mask must have the partition of x: one is nested, the other is not")
+    for name, value in (("x", x), ("mask", mask)):
+        if leading_levels(value) != value.num_ragged:
+            raise fail(
+                fn,
+                f"needs the ragged axes first in storage order, got {name} "
+                f"{shape_text(value.shape)} with layout Layout({value.layout.code!r})",
+            )
+    last = x.num_ragged - 1
+    return flatten_levels(fn, x, 0, last), flatten_levels(fn, mask, 0, last)
+
+
 def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     """Select elements (or rows) of each sample where a boolean ``Ragged`` is True.
 
@@ -254,6 +288,11 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     - ``mask`` covering only the ragged axes (no dense axes): like
       ``x_i[mask_i]``, whole rows are kept, so ``(B, N*, *dense)`` becomes
       ``(B, K*, *dense)``.
+
+    With nested ragged axes (documents -> sentences -> tokens) each sample's
+    elements (or rows) are read in packed, row-major order, as for one ragged
+    axis: the result is one flat list per sample, ``(B, K*)`` or
+    ``(B, K*, *dense)``; ``mask`` must have every partition of ``x``.
 
     Args:
         x: ``Ragged`` value.
@@ -278,8 +317,8 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     fn = "masked_select"
     x = _require(fn, "x", x)
     mask = _require(fn, "mask", mask)
-    refuse_nested(fn, x)
-    refuse_nested(fn, mask)
+    if x.row_offsets or mask.row_offsets:
+        x, mask = _joined_levels(fn, x, mask)
     if mask.dtype != torch.bool:
         raise fail(fn, f"mask must be a boolean Ragged value, got dtype {mask.dtype}")
     if mask.batch_size != x.batch_size:
@@ -312,32 +351,3 @@ def masked_select(x: Ragged, mask: Ragged) -> Ragged:
     counts = torch.zeros(x.batch_size, dtype=torch.int64, device=x.device)
     counts = counts.index_add(0, segments, bits.sum(1))
     return Ragged(values[bits], offsets_of(counts), counts.unsqueeze(1), Layout.standard(1, 0))
-
-
-def _cat_nested_batches(xs: Sequence[Ragged]) -> Ragged:
-    """``cat(xs, 0)`` of nested values: the samples of all, every level's partition joined."""
-    first = xs[0]
-    for n, x in enumerate(xs[1:], 1):
-        if x.values.shape[1:] != first.values.shape[1:]:
-            raise fail(
-                "cat",
-                f"xs[{n}] has logical shape {shape_text(x.shape)}, expected the dense sizes of "
-                f"{shape_text(first.shape)}",
-            )
-
-    def joined(partitions: list[Tensor]) -> Tensor:
-        # each partition shifted by the elements of the ones before it
-        shifts = offsets_of(torch.stack([p[-1] for p in partitions]))[:-1]
-        parts = [p[:-1] + shift for p, shift in zip(partitions, shifts, strict=True)]
-        return torch.cat([*parts, (partitions[-1][-1] + shifts[-1]).reshape(1)])
-
-    row_offsets = tuple(
-        joined([x.row_offsets[k] for x in xs]) for k in range(first.layout.num_nested)
-    )
-    return Ragged(
-        torch.cat([x.values for x in xs]),
-        joined([x.offsets for x in xs]),
-        torch.cat([x.sizes for x in xs]),
-        first.layout,
-        row_offsets,
-    )

@@ -125,6 +125,16 @@ def topk(
     sorted (``sorted=False`` is accepted and gives the same order); ties keep
     their original order.
 
+    With nested ragged axes it works along the innermost one (within every
+    element above it: the ``k`` largest tokens of each sentence) and along dense
+    axes. Along an outer nested axis it raises ``RaggedError``: the ``k`` largest
+    of every aligned line (the sentences that have a token ``j``) sit at
+    different sentences for different ``j``, so keeping them in place leaves
+    holes (no ragged result), and packing them to the front as padding would
+    (``topk`` of the padded tensor) changes which sentence a token belongs to.
+    Use ``sort`` along that axis (it keeps the partition) and ``narrow``, or
+    reduce or flatten the inner axes first.
+
     Args:
         x: ``Ragged`` value (real dtype).
         k: number of elements (``>= 0``).
