@@ -14,6 +14,7 @@ from tests.test_map import D, tokens, weights
 
 BUFFER = torch.arange(64).reshape(1, 64) * 10
 TABLE = weights(64, D, seed=20)
+RELATIVE = weights(D, 12, seed=25)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,31 @@ def test_gather_gradients_equal_the_loop():
     got = torch.autograd.grad(raggedfn.map(f, xv).values.pow(2).sum(), values)[0]
     want = torch.autograd.grad(sum(o.pow(2).sum() for o in loop(f, xv)), values)[0]
     torch.testing.assert_close(got, want)
+
+
+def relative_gather(t):
+    """DeBERTa's content -> position term: a per-token row over relative buckets
+    ([H, n, span], its dense axes stored permuted: not contiguous) read at each (query, key)
+    pair's clamped relative position: a pair state gathered along a dense axis."""
+    n = t.shape[0]
+    rows = (t @ RELATIVE).view(n, 6, 2).permute(2, 0, 1)  # [2, n, 6]
+    rel = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    index = (rel + 3).clamp(0, 5)[None].expand(2, n, n)
+    return torch.gather(rows, -1, index).sum(0)
+
+
+def test_relative_position_gather_of_a_pair_state_equals_the_loop_with_gradients():
+    x = tokens((3, 0, 5, 1, 6))
+    values = x.values.clone().requires_grad_()
+    report = raggedfn.map_report(relative_gather, x.with_values(values))
+    assert report.fully_batched, str(report)
+    want = loop(relative_gather, x.with_values(values))
+    assert_same(report.output, want)
+    weights_ = torch.linspace(-1, 1, report.output.values.numel(), dtype=values.dtype)
+    got = torch.autograd.grad((report.output.values.flatten() * weights_).sum(), values)[0]
+    flat = torch.cat([w.flatten() for w in want])
+    expected = torch.autograd.grad((flat * weights_).sum(), values)[0]
+    torch.testing.assert_close(got, expected)
 
 
 def test_addmm_of_per_sample_rows():
