@@ -46,6 +46,21 @@ def test_gather_out_of_range_raises_naming_the_sample():
         raggedfn.map(lambda t: torch.gather(t, 0, torch.full_like(t, 3).long()), x)
 
 
+@pytest.mark.parametrize(
+    ("index", "sample"),
+    [
+        (lambda n: (torch.arange(n) // 3 * 9)[:, None].expand(-1, D), 1),
+        (lambda n: torch.full((1, 1), 9).expand(n, D), 0),  # the same in every row
+    ],
+)
+def test_gather_with_an_index_expanded_over_an_axis_checks_its_range(index, sample):
+    """An index broadcast over a dense axis (stride 0) is checked once per distinct
+    element; the error still names the sample and the position."""
+    x = tokens((3, 5))
+    with pytest.raises(RaggedError, match=f"sample {sample} asks for position 9 of 8"):
+        raggedfn.map(lambda t: torch.gather(t, 1, index(t.shape[0])), x)
+
+
 def test_gather_gradients_equal_the_loop():
     x = tokens((3, 0, 4))
     values = x.values.clone().requires_grad_()
