@@ -117,3 +117,24 @@ def test_grouped_query_attention_equals_the_loop():
     report = raggedfn.map_report(f, x)
     assert_same(report.output, loop(f, x))
     assert report.fully_batched, str(report)
+
+
+@pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+def test_relative_position_gather_compiles_without_a_graph_break():
+    layout = raggedfn.Layout.standard(1, 1)
+
+    def step(values, offsets, sizes):
+        x = raggedfn.Ragged(values, offsets, sizes, layout)
+        return raggedfn.map(relative_gather, x).values
+
+    first = tokens((3, 2, 5))
+    step(first.values, first.offsets, first.sizes)  # traces f eagerly
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for lengths in ((3, 2, 5, 1, 6), (4, 2, 7)):
+        x = tokens(lengths)
+        per = [relative_gather(s).flatten() for s in x.values.split(x.lengths.tolist())]
+        want = torch.cat(per)  # [n, n] pair states, packed row-major
+        torch.testing.assert_close(compiled(x.values, x.offsets, x.sizes), want)

@@ -139,7 +139,8 @@ def _read_flat(
     strides = source.stride()
     terms = [rows * strides[0]]
     terms += [c if strides[1 + axis] == 1 else c * strides[1 + axis] for axis, c in dense]
-    terms.sort(key=lambda t: t.numel())
+    if not torch.compiler.is_compiling():  # symbolic sizes have no order to sort by
+        terms.sort(key=lambda t: t.numel())
     flat = terms[0]
     for t in terms[1:]:
         flat = flat + t
