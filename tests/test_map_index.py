@@ -13,6 +13,7 @@ from tests.test_map import D, tokens, weights
 
 BUFFER = torch.arange(64).reshape(1, 64) * 10
 TABLE = weights(64, D, seed=20)
+RELATIVE = weights(D, 12, seed=25)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +46,21 @@ def test_gather_out_of_range_raises_naming_the_sample():
     assert error.value.__notes__ == ["raggedfn.map: raised by f for sample 0"]
 
 
+@pytest.mark.parametrize(
+    ("index", "sample"),
+    [
+        (lambda n: (torch.arange(n) // 3 * 9)[:, None].expand(-1, D), 1),
+        (lambda n: torch.full((1, 1), 9).expand(n, D), 0),  # the same in every row
+    ],
+)
+def test_gather_with_an_index_expanded_over_an_axis_checks_its_range(index, sample):
+    """An index broadcast over a dense axis (stride 0) is checked once per distinct
+    element; the error still names the sample and the position."""
+    x = tokens((3, 5))
+    with pytest.raises(RaggedError, match=f"sample {sample} asks for position 9 of 8"):
+        raggedfn.map(lambda t: torch.gather(t, 1, index(t.shape[0])), x)
+
+
 def test_gather_gradients_equal_the_loop():
     x = tokens((3, 0, 4))
     values = x.values.clone().requires_grad_()
@@ -53,6 +69,31 @@ def test_gather_gradients_equal_the_loop():
     got = torch.autograd.grad(raggedfn.map(f, xv).values.pow(2).sum(), values)[0]
     want = torch.autograd.grad(sum(o.pow(2).sum() for o in loop(f, xv)), values)[0]
     torch.testing.assert_close(got, want)
+
+
+def relative_gather(t):
+    """DeBERTa's content -> position term: a per-token row over relative buckets
+    ([H, n, span], its dense axes stored permuted: not contiguous) read at each (query, key)
+    pair's clamped relative position: a pair state gathered along a dense axis."""
+    n = t.shape[0]
+    rows = (t @ RELATIVE).view(n, 6, 2).permute(2, 0, 1)  # [2, n, 6]
+    rel = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+    index = (rel + 3).clamp(0, 5)[None].expand(2, n, n)
+    return torch.gather(rows, -1, index).sum(0)
+
+
+def test_relative_position_gather_of_a_pair_state_equals_the_loop_with_gradients():
+    x = tokens((3, 0, 5, 1, 6))
+    values = x.values.clone().requires_grad_()
+    report = raggedfn.map_report(relative_gather, x.with_values(values))
+    assert report.fully_batched, str(report)
+    want = loop(relative_gather, x.with_values(values))
+    assert_same(report.output, want)
+    weights_ = torch.linspace(-1, 1, report.output.values.numel(), dtype=values.dtype)
+    got = torch.autograd.grad((report.output.values.flatten() * weights_).sum(), values)[0]
+    flat = torch.cat([w.flatten() for w in want])
+    expected = torch.autograd.grad((flat * weights_).sum(), values)[0]
+    torch.testing.assert_close(got, expected)
 
 
 def test_addmm_of_per_sample_rows():
@@ -76,3 +117,24 @@ def test_grouped_query_attention_equals_the_loop():
     report = raggedfn.map_report(f, x)
     assert_same(report.output, loop(f, x))
     assert report.fully_batched, str(report)
+
+
+@pytest.mark.filterwarnings(
+    "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
+    ":DeprecationWarning"
+)
+def test_relative_position_gather_compiles_without_a_graph_break():
+    layout = raggedfn.Layout.standard(1, 1)
+
+    def step(values, offsets, sizes):
+        x = raggedfn.Ragged(values, offsets, sizes, layout)
+        return raggedfn.map(relative_gather, x).values
+
+    first = tokens((3, 2, 5))
+    step(first.values, first.offsets, first.sizes)  # traces f eagerly
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for lengths in ((3, 2, 5, 1, 6), (4, 2, 7)):
+        x = tokens(lengths)
+        per = [relative_gather(s).flatten() for s in x.values.split(x.lengths.tolist())]
+        want = torch.cat(per)  # [n, n] pair states, packed row-major
+        torch.testing.assert_close(compiled(x.values, x.offsets, x.sizes), want)

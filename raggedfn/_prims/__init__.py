@@ -57,10 +57,11 @@ from ._segment import (
     take_rows,
     unpad,
 )
-from ._softmax import segment_log_softmax, segment_logsumexp, segment_softmax
+from ._softmax import block_softmax, segment_log_softmax, segment_logsumexp, segment_softmax
 from ._varlen import varlen_attention
 
 __all__ = [
+    "block_softmax",
     "broadcast",
     "forward_mode",
     "has_tangent",

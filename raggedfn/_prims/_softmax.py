@@ -305,3 +305,64 @@ def segment_logsumexp(
     safe = torch.where(present, total, torch.ones_like(total))
     log = torch.where(present, torch.log(safe), torch.full_like(total, float("-inf")))
     return log + shift
+
+
+# ----- softmax over the last axis of per-sample blocks ------------------------------------
+
+
+def _views(t: Tensor, blocks: tuple[tuple[int, int, int], ...]) -> list[Tensor]:
+    """``t[start:stop]`` as ``[rows, cols, *rest]`` for every non-empty block."""
+    rest = t.shape[1:]
+    return [t[a:b].view(rows, (b - a) // rows, *rest) for a, b, rows in blocks if b > a]
+
+
+class _BlockSoftmax(torch.autograd.Function):
+    """Softmax over axis 1 of every block ``values[start:stop].view(rows, cols, *rest)``:
+    torch's fused kernel once per block, forward and first-order backward."""
+
+    @staticmethod
+    def forward(values: Tensor, blocks: tuple[tuple[int, int, int], ...]) -> Tensor:
+        values = values.contiguous()
+        out = torch.empty_like(values)
+        for v, o in zip(_views(values, blocks), _views(out, blocks), strict=True):
+            torch._softmax(v, 1, False, out=o)
+        return out
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        ctx.save_for_backward(output)
+        ctx.blocks = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (out,) = ctx.saved_tensors
+        grad = grad.contiguous()
+        pairs = zip(_views(grad, ctx.blocks), _views(out, ctx.blocks), strict=True)
+        if torch.is_grad_enabled():  # a graph to record: differentiable ops per block
+            pieces = [y * (g - (g * y).sum(1, keepdim=True)) for g, y in pairs]
+            if not pieces:
+                return grad * out, None
+            return torch.cat([p.reshape(-1, *out.shape[1:]) for p in pieces]), None
+        result = torch.empty_like(out)
+        for (g, y), r in zip(pairs, _views(result, ctx.blocks), strict=True):
+            torch._softmax_backward_data(g, y, 1, out.dtype, grad_input=r)
+        return result, None
+
+
+def block_softmax(values: Tensor, blocks: tuple[tuple[int, int, int], ...]) -> Tensor:
+    """Softmax over the second axis of blocks of packed rows, eagerly (outside
+    ``torch.compile``, ``torch.func`` transforms and forward mode: callers take
+    :func:`segment_softmax` there).
+
+    Args:
+        values: ``[T, *rest]`` floating point.
+        blocks: host ``(start, stop, rows)`` per block, covering ``[0, T)`` in order;
+            block rows ``start:stop`` are a row-major ``[rows, cols, *rest]`` array
+            (``cols = (stop - start) // rows``), normalised along ``cols``: a pair
+            state ``[N_q, N_k]`` of one sample over its keys, one kernel per sample
+            where the segment form takes about seven passes over all rows.
+
+    Returns:
+        ``[T, *rest]``.
+    """
+    return _BlockSoftmax.apply(values, blocks)

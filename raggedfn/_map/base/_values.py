@@ -112,7 +112,7 @@ class Struct:
             num = self.sizes.shape[1]
             coords = [rest] * num
             for k in range(num - 1, 0, -1):
-                size_k = self.sizes[segments, k]
+                size_k = take_rows(self.sizes[:, k], segments)
                 coords[k] = torch.remainder(rest, size_k)
                 rest = torch.div(rest, size_k, rounding_mode="floor")
             if num:
@@ -235,7 +235,8 @@ def take_rows(values: Tensor, rows: Tensor) -> Tensor:
     the sorting ``index_put`` of ``values[rows]``."""
     if rows.ndim == 1:
         return values.index_select(0, rows)
-    return values[rows]
+    picked = values.index_select(0, rows.reshape(-1))
+    return picked.reshape(*rows.shape, *values.shape[1:])
 
 
 def rows_of(x: RaggedB, segments: Tensor, coords: list[Any]) -> Tensor:
@@ -505,5 +506,5 @@ def reduce_index(ctx: Ctx, x: RaggedB, reduced: set[int]) -> tuple[Tensor, Any, 
     coords = x.struct.coords()
     row = coords[keep[0]]
     for i, k in enumerate(keep[1:], start=1):
-        row = row * out.sizes[segments, i] + coords[k]
-    return out.offsets[segments] + row, out.total, sz
+        row = row * take_rows(out.sizes[:, i], segments) + coords[k]
+    return take_rows(out.offsets, segments) + row, out.total, sz

@@ -31,6 +31,7 @@ from ..base._values import (
     is_batched,
     struct_rows,
     sz_in_storage_order,
+    take_rows,
 )
 
 aten = torch.ops.aten
@@ -66,7 +67,8 @@ def _check_range(ctx: Ctx, op: str, positions: Tensor, size: Any, segments: Tens
         sample = int(segments.expand_as(bad)[where])
         limit = size if isinstance(size, int) else int(size.expand_as(bad)[where])
         raise SampleRaises(
-            f"{message}: sample {sample} asks for position {int(positions[where])} of {limit}"
+            f"{message}: sample {sample} asks for position "
+            f"{int(positions.expand_as(bad)[where])} of {limit}"
         )
 
 
@@ -82,7 +84,10 @@ def gather_rule(
     rank = len(axes_of(index.layout))
     dim = dim % rank
     segments, coords = _coordinates(index)
-    positions = index.values
+    full = index.values.shape
+    # an index expanded over an axis (DeBERTa's relative positions over heads) is
+    # checked and offset once per distinct element; broadcasting gives it back
+    positions = _unexpanded(index.values)
     if isinstance(x, RaggedB):
         x = canonicalize(ctx, x)
         x_axes = axes_of(x.layout)
@@ -90,26 +95,55 @@ def gather_rule(
             raise Unsupported("gather between values of different ranks")
         along = x_axes[dim]
         if along.ragged:
-            size = x.struct.sizes[:, along.index][segments]
+            size = take_rows(x.struct.sizes[:, along.index], segments)
         else:
             size = x.values.shape[1 + along.index]
         _check_range(ctx, "gather", positions, size, segments)
         coords[dim] = positions
         order = sorted((a.index, p) for p, a in enumerate(x_axes) if a.ragged)
         ragged_coords = [coords[p] for _, p in order]
-        rows = struct_rows(x.struct, segments.expand_as(positions), ragged_coords)
+        # segments and coordinates broadcast: no per-element index lookups
+        rows = struct_rows(x.struct, segments, ragged_coords)
         dense_order = sorted((a.index, p) for p, a in enumerate(x_axes) if not a.ragged)
-        dense_coords = [coords[p].expand_as(positions) for _, p in dense_order]
-        values = x.values[(rows.expand_as(positions), *dense_coords)]
+        values = _read_flat(x.values, rows, [(i, coords[p]) for i, p in dense_order], full)
     elif isinstance(x, Tensor) and not is_batched(x):
         if x.ndim != rank:
             raise Unsupported("gather between values of different ranks")
         _check_range(ctx, "gather", positions, x.shape[dim], segments)
         coords[dim] = positions
-        values = x[tuple(c.expand_as(positions) for c in coords)]
+        values = x[tuple(c.expand(full) for c in coords)]
     else:
         raise Unsupported("gather from a fixed-size per-sample source")
     return RaggedB(values.to(step.out.dtype), index.layout, index.sz, index.struct)
+
+
+def _unexpanded(t: Tensor) -> Tensor:
+    """``t`` with length 1 along its broadcast (stride-0) dense axes: the same elements
+    (the packed row axis stays whole, as the sample ids it is checked with)."""
+    for d in range(1, t.ndim):
+        if t.stride(d) == 0 and t.shape[d] > 1:
+            t = t.narrow(d, 0, 1)
+    return t
+
+
+def _read_flat(
+    source: Tensor, rows: Tensor, dense: list[tuple[int, Tensor]], shape: torch.Size
+) -> Tensor:
+    """``source[rows, *dense coordinates]`` (broadcast together, to ``shape``) as one 1-D
+    ``gather`` of the flattened source: its backward is one ``scatter_add``, where
+    advanced indexing's is an accumulating ``index_put`` (several times slower on pair
+    states, DeBERTa's relative-position gathers). The offsets are summed smallest
+    first, so that only the last sum has the full shape."""
+    source = source.contiguous()
+    strides = source.stride()
+    terms = [rows * strides[0]]
+    terms += [c if strides[1 + axis] == 1 else c * strides[1 + axis] for axis, c in dense]
+    if not torch.compiler.is_compiling():  # symbolic sizes have no order to sort by
+        terms.sort(key=lambda t: t.numel())
+    flat = terms[0]
+    for t in terms[1:]:
+        flat = flat + t
+    return source.reshape(-1).gather(0, flat.expand(shape).reshape(-1)).reshape(shape)
 
 
 def slice_shared(

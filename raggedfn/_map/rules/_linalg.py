@@ -137,15 +137,8 @@ def _pair_matmul(
     if any(isinstance(s, Sz) for s in (*lead_a, *lead_b)):
         raise Unsupported("matmul with ragged batch axes")
     m, k, n = shape_a[-2], shape_a[-1], shape_b[-1]
-    if (
-        isinstance(k, Sz)
-        and isinstance(a, RaggedB)
-        and isinstance(b, RaggedB)
-        and not lead_a
-        and not lead_b
-        and not torch.compiler.is_compiling()
-    ):
-        return _ragged_contraction(ctx, step, a, b)
+    if lead_a == lead_b and not torch.compiler.is_compiling():
+        return _product(ctx, step, a, b, len(lead_a))
     labels = {"m": m, "k": k, "n": n}
     ragged = [name for name in ("m", "k", "n") if isinstance(labels[name], Sz)]
     if not ragged:
@@ -197,22 +190,31 @@ def _pair_matmul(
     return RaggedB(values, layout, sz, struct)
 
 
-def _ragged_contraction(ctx: Ctx, step: Any, a: RaggedB, b: RaggedB) -> Any:
-    """``a @ b`` contracting a ragged axis (``softmax(scores) @ v``): through
-    ``raggedfn.matmul`` (per-sample or length-bucketed dense products), not the
-    packed ``(m, k, n)`` enumeration, which holds a row per (i, j) pair and reduces
-    it with a segment sum (memory-bound, ~3x slower on pair states)."""
-    from ...ops._matmul import matmul
+def _product(ctx: Ctx, step: Any, a: Any, b: Any, lead: int) -> Any:
+    """``a @ b`` with equal batch axes, through ``raggedfn.einsum`` (length-bucketed
+    dense products; one product of the packed rows when only ``a``'s rows are ragged
+    and ``b`` is shared), not the packed ``(m, k, n)`` enumeration, which holds a row
+    per ``(m, k, n)`` coordinate (``q @ k^T`` over heads, ``p @ v``, DeBERTa's
+    ``q @ pos_key^T`` against a per-sample ``pos_key``: a ``[T, H, K, N]`` product)."""
+    from ...ops._products import einsum
 
-    def ragged(x: RaggedB) -> Ragged:
-        x = canonicalize(ctx, x)
-        return Ragged._make(x.values, x.struct.offsets, x.struct.sizes, x.layout)
+    def operand(x: Any) -> tuple[Any, str]:
+        if isinstance(x, RaggedB):
+            x = canonicalize(ctx, x)
+            return Ragged._make(x.values, x.struct.offsets, x.struct.sizes, x.layout), "z"
+        if isinstance(x, DenseB):
+            return x.data, "z"
+        return x, ""
 
-    out = matmul(ragged(a), ragged(b))
+    letters = "ABCDEFGH"[:lead]
+    left, batch_a = operand(a)
+    right, batch_b = operand(b)
+    equation = f"{batch_a}{letters}ik,{batch_b}{letters}kj->z{letters}ij"
+    out = einsum(equation, left, right)
     out_shape = step.out.shape
-    positions = tuple(p for p, s in enumerate(out_shape) if isinstance(s, Sz))
     if not isinstance(out, Ragged):
-        return DenseB(out.reshape(ctx.batch_size, *out_shape))
+        return DenseB(out.reshape(ctx.batch_size, *out_shape).to(step.out.dtype))
+    positions = tuple(p for p, s in enumerate(out_shape) if isinstance(s, Sz))
     layout = canonical_layout(len(out_shape), positions)
     if out.layout != layout:
         raise Unsupported("a product whose result is not in canonical layout")

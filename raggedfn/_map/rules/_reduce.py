@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ... import _prims
+from ..._prims._forward import plain_eager
 from ..base._registry import rule, schema_args
 from ..base._sizes import SampleRaises, Sz, Unsupported
 from ..base._values import (
@@ -285,6 +286,33 @@ _SOFTMAX = {
 }
 
 
+# From this many elements per sample on average (CPU, eager), a softmax over the last
+# stored ragged axis runs torch's kernel once per sample on its block of rows
+# (_prims.block_softmax): the segment form's scatter reductions take about seven passes
+BLOCK_SOFTMAX_MIN = 4096
+
+
+def _last_axis_blocks(x: RaggedB, k: int) -> tuple[tuple[int, int, int], ...] | None:
+    """Per sample ``(start, stop, rows)`` when the softmax axis (storage ``k``) is the
+    last stored ragged axis, so that each sample's rows are ``[rows, N_k, *dense]``
+    row-major; None where the segment form runs (compiled, under a transform or forward
+    mode, off the CPU, light samples). One host read of the sizes per partition."""
+    sizes, offsets = x.struct.sizes, x.struct.offsets
+    if (
+        k != sizes.shape[1] - 1
+        or not plain_eager()
+        or x.values.device.type != "cpu"
+        or x.values.numel() < BLOCK_SOFTMAX_MIN * max(sizes.shape[0], 1)
+    ):
+        return None
+    found = getattr(x.struct, "host_blocks", None)
+    if found is None:
+        rows = sizes[:, :-1].prod(dim=1).clamp(min=1)  # no earlier ragged axis: one row
+        found = tuple(zip(*(t.tolist() for t in (offsets[:-1], offsets[1:], rows)), strict=True))
+        x.struct.host_blocks = found  # type: ignore[attr-defined]
+    return found
+
+
 @rule(*_SOFTMAX)
 def softmax_rule(ctx: Ctx, step: Any, x: Any, dim: int, *rest: Any, **kwargs: Any) -> Any:
     if not isinstance(x, RaggedB):
@@ -299,6 +327,8 @@ def softmax_rule(ctx: Ctx, step: Any, x: Any, dim: int, *rest: Any, **kwargs: An
     index, count, _ = reduce_index(ctx, x, {axis.index})
     if kind == "log":
         values = _prims.segment_log_softmax(values, index, count)
+    elif kind == "softmax" and (blocks := _last_axis_blocks(x, axis.index)) is not None:
+        values = _prims.block_softmax(values, blocks)
     elif kind == "softmax":
         values = _prims.segment_softmax(values, index, count)
     else:
