@@ -32,20 +32,34 @@ class Recorder:
 
 
 def guard_mask(plan: Plan, ctx: Ctx) -> Tensor | None:
-    """``None`` when every sample meets every guard of ``plan``, else the ``[B]`` mask
-    of the samples that do (one host sync per call when the plan has guards)."""
+    """``None`` when every sample meets every guard of ``plan`` (or of one of its
+    alternative guard sets), else the ``[B]`` mask of the samples that do (one host sync
+    per call when the plan has guards)."""
     if not plan.guards or ctx.batch_size == 0:
         return None
+    ok = _all_hold(plan.guards, ctx)
+    for guards in plan.alternatives:
+        if ok is True:
+            break
+        more = _all_hold(guards, ctx)
+        ok = more if ok is False or more is True else ok if more is False else ok | more
+    if ok is True:
+        return None
+    if ok is False:
+        return torch.zeros(ctx.batch_size, dtype=torch.bool, device=ctx.device)
+    return None if bool(ok.all()) else ok
+
+
+def _all_hold(guards: list[tuple[str, Any]], ctx: Ctx) -> Any:
+    """``True``/``False`` for every sample alike, else the ``[B]`` mask."""
     ok: Any = True
-    for _, evaluate in plan.guards:
+    for _, evaluate in guards:
         value = evaluate(ctx.env)
         if isinstance(value, Tensor):
             value = value.bool()
             ok = value if ok is True else ok & value
         elif not value:
-            return torch.zeros(ctx.batch_size, dtype=torch.bool, device=ctx.device)
-    if ok is True or bool(ok.all()):
-        return None
+            return False
     return ok
 
 
