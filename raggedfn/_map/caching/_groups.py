@@ -23,7 +23,7 @@ from ..tracing._signature import size_columns
 from ..tracing._trace import LOCK, is_ragged_leaf
 from . import _cache
 from ._cache import Variant
-from ._plans import Failure, trace_plan
+from ._plans import Failure, hint_env, trace_plan
 from ._widen import widen
 
 
@@ -148,7 +148,7 @@ def run_split(
             )
             break
         check_randomness([new], randomness)
-        if absorb(variant, new):
+        if absorb(variant, new, hints, classes):
             # an earlier plan runs these samples too: group every sample again
             remaining = torch.ones(batch_size, dtype=torch.bool, device=device)
             groups, failed_guards, index = [], [], 0
@@ -258,11 +258,12 @@ def traces_of(variant: Variant) -> int:
     return len(variant.plans) + sum(len(p.alternatives) for p in variant.plans)
 
 
-def absorb(variant: Variant, new: Plan) -> bool:
+def absorb(variant: Variant, new: Plan, hints: tuple[int, ...], classes: tuple[int, ...]) -> bool:
     """Whether an earlier plan of ``variant`` runs the same ops as ``new`` on the samples
-    ``new`` was traced for (then it takes them, under ``new``'s guards)."""
+    ``new`` was traced for (sizes ``hints`` per size class); then it takes them, under
+    ``new``'s guards and those of its own that ``hints`` meet."""
     for plan in variant.plans:
-        accepted = widen(plan, new)
+        accepted = widen(plan, new, hint_env(plan, classes, hints))
         if accepted is not None:
             plan.alternatives.append(accepted)
             return True

@@ -28,17 +28,22 @@ from torch import Tensor
 from ..base._sizes import Evaluator, Sz
 from ..base._steps import Plan, Ref, TSpec
 
+# ops whose result has the values of their first argument (layouts aside)
+_IDENTITIES = (torch.ops.aten.contiguous.default,)
+
 
 class _Differs(Exception):
     """The plans differ (or the comparison cannot tell)."""
 
 
-def widen(general: Plan, special: Plan) -> list[tuple[str, Evaluator]] | None:
+def widen(
+    general: Plan, special: Plan, sizes: dict[str, int]
+) -> list[tuple[str, Evaluator]] | None:
     """The guards under which a sample may run on ``general`` instead of ``special`` (a
-    trace with some ragged sizes fixed), or ``None`` when that is not proven."""
+    trace on the sizes ``sizes`` of a sample that breaks a guard of ``general``, keyed by
+    ``general``'s symbol names), or ``None`` when that is not proven."""
     if (
-        not special.fixed
-        or general.pinned
+        general.pinned
         or general.late
         or special.late
         or special.unknown
@@ -48,7 +53,7 @@ def widen(general: Plan, special: Plan) -> list[tuple[str, Evaluator]] | None:
         or general.placeholders != special.placeholders
         or [k.kind for k in general.leaf_kinds] != [k.kind for k in special.leaf_kinds]
         or general.out_spec != special.out_spec
-        or any(s.defines or s.rebind for p in (general, special) for s in p.steps)
+        or any(s.defines for p in (general, special) for s in p.steps)
     ):
         return None
     rename: dict[str, str] = {}
@@ -73,10 +78,16 @@ def widen(general: Plan, special: Plan) -> list[tuple[str, Evaluator]] | None:
         return None
     if len(mine) != len(theirs) or not all(_same(a, b) for a, b in zip(mine, theirs, strict=True)):
         return None
+    # ``special``'s guards make it exact; ``general``'s own guards that the traced sample
+    # meets are kept too (only those it breaks are what this widening is about)
     kept = list(special.guards)
-    for guard, expr in zip(general.guards, general.guard_exprs, strict=True):
-        if _substitute(expr, fixed).free_symbols:
-            kept.append(guard)  # still about a free size: it must hold too
+    for guard in general.guards:
+        try:
+            holds = guard[1](sizes)
+        except Exception:  # a size this env lacks: cannot tell
+            return None
+        if holds is True or (holds is not False and bool(holds)):
+            kept.append(guard)
     return kept
 
 
@@ -138,7 +149,18 @@ def _canonical(plan: Plan, fixed: dict[Any, int], rename: dict[str, str]) -> lis
             return ("dict", tuple((k, arg(v)) for k, v in a.items()))
         return ("value", a)
 
+    written = {i for step in plan.steps for i in step.rebind or ()}
     for step in plan.steps:
+        if (
+            step.target in _IDENTITIES
+            and type(step.args[0]) is Ref
+            and not {step.index, step.args[0].index} & written
+        ):
+            # a copy for a layout only (a traced ``contiguous`` that an example of
+            # another size did not need): the same values, as long as neither is
+            # written in place (the copy is what keeps a write from the original)
+            where[step.index] = where[step.args[0].index]
+            continue
         out = spec(step.out)
         if step.slot is None and (
             isinstance(out, (int, bool)) or (isinstance(out, float) and step.batched)
@@ -154,6 +176,7 @@ def _canonical(plan: Plan, fixed: dict[Any, int], rename: dict[str, str]) -> lis
                 step.slot,
                 step.random,
                 step.getitem,
+                None if step.rebind is None else tuple(where[i] for i in step.rebind),
                 arg(step.args),
                 arg(step.kwargs),
                 out,
