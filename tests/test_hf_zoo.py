@@ -371,3 +371,20 @@ def test_one_token_samples_run_on_the_batched_plan(name, capfd):
         torch.testing.assert_close(report.output.values, want, **TOLERANCE)
     assert raggedfn.map_cache_info(f).plans == plans
     assert "Warning" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "use_cache"), ONE_TOKEN_CASES)
+def test_one_token_samples_run_batched(name, use_cache, capfd):
+    """Families whose one-token samples take other ops (a causal flag decided by the
+    length, no causal mask for one query) run them on a plan of their own, fully batched
+    too: that plan's fixed-size samples are stacked, attention is one call of torch's
+    kernel (no vmap fallback, nothing printed), and values equal the loop."""
+    f = per_sample(model_of(name, "eval"), use_cache)
+    raggedfn.map(f, batch([5, 9, 3]))
+    for lengths in ([1, 2], [4, 1, 6, 1], [1]):
+        ids = batch(lengths)
+        report = raggedfn.map_report(f, ids)
+        assert report.fully_batched, str(report)
+        want = torch.cat([f(t) for t in raggedfn.unbind(ids)])
+        torch.testing.assert_close(report.output.values, want, **TOLERANCE)
+    assert "Warning" not in capfd.readouterr().err

@@ -74,3 +74,25 @@ def test_a_comparison_that_changes_the_ops_keeps_its_own_plan():
     x = tokens([1, 3, 1])
     assert_same(raggedfn.map(other_ops_for_one_row, x), loop(other_ops_for_one_row, x))
     assert raggedfn.map_cache_info(other_ops_for_one_row).plans == 2
+
+
+def fixed_rows_attention(t):
+    """Attention over fixed-shape samples (3 rows), heads split, with a mask computed
+    from the data and one shared causal mask."""
+    h = t.view(3, 2, D // 2).transpose(0, 1)[None]  # [1, 2, 3, 3]
+    data_mask = (h.sum(-1, keepdim=True) > -1.0) | torch.eye(3, dtype=torch.bool)
+    shared = torch.ones(3, 3, dtype=torch.bool).tril()
+    a = F.scaled_dot_product_attention(h, h, h, attn_mask=data_mask)
+    b = F.scaled_dot_product_attention(h, h, h, attn_mask=shared, scale=0.5)
+    c = F.scaled_dot_product_attention(h[0], h[0], h[0], is_causal=True)
+    return a + b + c
+
+
+def test_fixed_shape_attention_is_one_kernel_call(capfd):
+    x = torch.randn(4, 3, D, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    report = raggedfn.map_report(fixed_rows_attention, x)
+    assert report.fully_batched, str(report)
+    assert report.attention == {"fused with a mask": 2, "fused": 1}, report.attention
+    want = torch.stack([fixed_rows_attention(s) for s in x])
+    torch.testing.assert_close(report.output, want, atol=1e-12, rtol=0)
+    assert "Warning" not in capfd.readouterr().err

@@ -200,7 +200,9 @@ def run_split(
             take(leaf, sample_index) if kind in ("ragged", "dense") else leaf
             for leaf, kind in zip(leaves, kinds, strict=True)
         ]
-        ctx, inputs = make_ctx(plan, sub, int(sample_index.numel()), device, lifted, randomness)
+        ctx, inputs = make_ctx(
+            plan, sub, int(sample_index.numel()), device, lifted, randomness, meets=True
+        )
         # strict=True lets samples without elements run per node: they cost nothing,
         # and torch's own code often special-cases them (a plan of their own is pinned)
         only_empty = bool(empty_samples(leaves, kinds, batch_size, device)[sample_index].all())
