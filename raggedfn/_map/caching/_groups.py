@@ -274,7 +274,7 @@ def absorb(variant: Variant, new: Plan, hints: tuple[int, ...], classes: tuple[i
 
 def guard_texts(plans: list[Plan]) -> list[str]:
     """The guards of ``plans`` as the report lists them."""
-    texts = []
+    texts: list[str] = []
     for plan in plans:
         texts.extend(text for text, _ in plan.guards)
         texts.extend(

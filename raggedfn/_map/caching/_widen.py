@@ -83,7 +83,7 @@ def widen(
     kept = list(special.guards)
     for guard in general.guards:
         try:
-            holds = guard[1](sizes)
+            holds = guard[1](sizes)  # type: ignore[arg-type]  # ints evaluate as well
         except Exception:  # a size this env lacks: cannot tell
             return None
         if holds is True or (holds is not False and bool(holds)):

@@ -451,13 +451,14 @@ def _no_vmap_fallback() -> Iterator[None]:
     if torch.compiler.is_compiling():  # a graph has no such loop to avoid
         yield
         return
+    functorch: Any = torch._C._functorch
     with _FALLBACK_LOCK:
-        before = torch._C._functorch._is_vmap_fallback_enabled()
-        torch._C._functorch._set_vmap_fallback_enabled(False)
+        before = functorch._is_vmap_fallback_enabled()
+        functorch._set_vmap_fallback_enabled(False)
         try:
             yield
         finally:
-            torch._C._functorch._set_vmap_fallback_enabled(before)
+            functorch._set_vmap_fallback_enabled(before)
 
 
 def _random_rule(ctx: Ctx, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
