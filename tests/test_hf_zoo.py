@@ -352,3 +352,39 @@ def test_runs_fully_batched(name, mode):
     assert isinstance(out, raggedfn.Ragged) and out.lengths.tolist() == LENGTHS
     assert out.values.shape == (sum(LENGTHS), HIDDEN) and out.values.isfinite().all()
     assert report.fully_batched, str(report)
+
+
+@pytest.mark.parametrize("name", ["bert", "t5_encoder"])
+def test_one_token_samples_run_on_the_batched_plan(name, capfd):
+    """After batches of longer samples, batches holding samples of one token run on the
+    plan of the longer ones (no plan of their own, no per-sample loop), equal the loop,
+    and torch prints nothing (its vmap fallback warns on stderr)."""
+    model = model_of(name, "eval")
+    f = per_sample(model, None)
+    raggedfn.map(f, batch([5, 9, 3]))
+    plans = raggedfn.map_cache_info(f).plans
+    for lengths in ([1, 2], [4, 1, 6, 1]):
+        ids = batch(lengths)
+        report = raggedfn.map_report(f, ids)
+        assert report.fully_batched, str(report)
+        want = torch.cat([f(t) for t in raggedfn.unbind(ids)])
+        torch.testing.assert_close(report.output.values, want, **TOLERANCE)
+    assert raggedfn.map_cache_info(f).plans == plans
+    assert "Warning" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "use_cache"), ONE_TOKEN_CASES)
+def test_one_token_samples_run_batched(name, use_cache, capfd):
+    """Families whose one-token samples take other ops (a causal flag decided by the
+    length, no causal mask for one query) run them on a plan of their own, fully batched
+    too: that plan's fixed-size samples are stacked, attention is one call of torch's
+    kernel (no vmap fallback, nothing printed), and values equal the loop."""
+    f = per_sample(model_of(name, "eval"), use_cache)
+    raggedfn.map(f, batch([5, 9, 3]))
+    for lengths in ([1, 2], [4, 1, 6, 1], [1]):
+        ids = batch(lengths)
+        report = raggedfn.map_report(f, ids)
+        assert report.fully_batched, str(report)
+        want = torch.cat([f(t) for t in raggedfn.unbind(ids)])
+        torch.testing.assert_close(report.output.values, want, **TOLERANCE)
+    assert "Warning" not in capfd.readouterr().err

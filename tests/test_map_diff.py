@@ -120,10 +120,10 @@ def test_diff_with_a_per_sample_fixed_side_on_a_later_ragged_axis_equals_the_loo
     torch.testing.assert_close(got, want)
 
 
-def test_diff_along_a_dense_axis_with_a_shared_prepend_runs_per_sample_and_says_why():
-    # rows fixed by a Python branch (Eq(s, 3)) let a shared [3, 1] prepend fit; along a
-    # dense axis diff has no rule for a fixed-size side: the loop runs it, the report
-    # names the reason
+def test_diff_along_a_dense_axis_with_a_shared_prepend_under_fixed_rows_runs_batched():
+    # rows fixed by a Python branch (Eq(s, 3)) let a shared [3, 1] prepend fit; the plan
+    # of that branch fixes the rows, so its samples run stacked as [B, 3, C] tensors and
+    # diff with the shared prepend is an op on fixed-shape samples (no per-sample loop)
     shared = weights(3, 1, seed=5)
 
     def f(t):
@@ -134,9 +134,7 @@ def test_diff_along_a_dense_axis_with_a_shared_prepend_runs_per_sample_and_says_
     x = tokens((3, 2, 3))
     report = raggedfn.map_report(f, x)
     assert_same(report.output, loop(f, x))
-    assert report.fallback == {
-        "aten.diff.default": "diff with a fixed-size prepend or append along a dense axis"
-    }, str(report)
+    assert report.fully_batched, str(report)
 
 
 def test_diff_gradcheck_along_the_ragged_axis():

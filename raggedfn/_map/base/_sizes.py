@@ -34,14 +34,16 @@ class SampleRaises(Exception):
 
 
 class Sz:
-    """One per-sample size: ``key`` identifies it, ``fn(env)`` evaluates it to ``[B]``."""
+    """One per-sample size: ``key`` identifies it, ``fn(env)`` evaluates it to ``[B]``;
+    ``expr``: its sympy expression where it came from a trace (plan-time reasoning only)."""
 
-    __slots__ = ("const", "fn", "key")
+    __slots__ = ("const", "expr", "fn", "key")
 
-    def __init__(self, key: str, fn: Evaluator, const: int | None = None) -> None:
+    def __init__(self, key: str, fn: Evaluator, const: int | None = None, expr: Any = None) -> None:
         self.key = key
         self.fn = fn
         self.const = const
+        self.expr = expr
 
     @staticmethod
     def constant(value: int) -> Sz:
@@ -233,7 +235,7 @@ def sz_of(expr: Any, replace: dict[Any, Any] | None = None) -> Sz | int:
     expr = sympy.expand(_exact_division(expr))
     if not expr.free_symbols:
         return int(expr)
-    return Sz(str(expr), compile_expr(expr))
+    return Sz(str(expr), compile_expr(expr), expr=expr)
 
 
 def product_key(sizes: tuple[Sz, ...]) -> str:

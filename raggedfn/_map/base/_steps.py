@@ -79,6 +79,13 @@ class Plan:
     internal: frozenset[str] = frozenset()
     inputs: list[Any] = dataclasses.field(default_factory=list)  # specs of the placeholders
     warned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    # the sympy expression of each guard (parallel to ``guards``), for plan-time reasoning
+    guard_exprs: list[Any] = dataclasses.field(default_factory=list)
+    # ragged sizes the trace took as fixed (a guard pins each): symbol name -> value
+    fixed: dict[str, int] = dataclasses.field(default_factory=dict)
+    # more guard sets, each enough for a sample to run on this plan: those of a later
+    # trace on other sizes proven to run the same ops (see ``caching/_widen.py``)
+    alternatives: list[list[tuple[str, Evaluator]]] = dataclasses.field(default_factory=list)
 
 
 def refs(a: Any, out: set[int]) -> None:

@@ -23,7 +23,8 @@ from ..tracing._signature import size_columns
 from ..tracing._trace import LOCK, is_ragged_leaf
 from . import _cache
 from ._cache import Variant
-from ._plans import Failure, trace_plan
+from ._plans import Failure, hint_env, trace_plan
+from ._widen import widen
 
 
 def warn_once(variant: Variant | None, what: str) -> None:
@@ -108,11 +109,12 @@ def run_split(
     groups: list[tuple[torch.Tensor, Plan]] = []
     failed_guards: list[str] = []
     index = 0
+    fresh: torch.Tensor | None = first_ok
     while bool(remaining.any()):
         if index < len(variant.plans):
             plan = variant.plans[index]
             ctx, _ = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
-            ok = first_ok if index == 0 else guard_mask(plan, ctx)
+            ok = fresh if index == 0 else guard_mask(plan, ctx)
             mine = remaining if ok is None else remaining & ok
             if ok is not None:
                 failed_guards.extend(
@@ -123,7 +125,7 @@ def run_split(
                 remaining = remaining & ~mine
             index += 1
             continue
-        if len(variant.plans) >= _cache.MAX_PLANS or variant.exhausted is not None:
+        if traces_of(variant) >= _cache.MAX_PLANS or variant.exhausted is not None:
             break
         # trace again with the sizes of the first sample no plan fits (one with
         # elements first: torch's stride logic can fail on an all-zero example)
@@ -146,9 +148,16 @@ def run_split(
             )
             break
         check_randomness([new], randomness)
+        if absorb(variant, new, hints, classes):
+            # an earlier plan runs these samples too: group every sample again
+            remaining = torch.ones(batch_size, dtype=torch.bool, device=device)
+            groups, failed_guards, index = [], [], 0
+            ctx, _ = make_ctx(variant.plans[0], leaves, batch_size, device, lifted, randomness)
+            fresh = guard_mask(variant.plans[0], ctx)
+            continue
         variant.plans.append(new)
     if report is not None:
-        report.guards = [text for p in variant.plans for text, _ in p.guards]
+        report.guards = guard_texts(variant.plans)
     loop_index = remaining.nonzero().flatten() if bool(remaining.any()) else None
     if loop_index is not None:
         reason = "; ".join(sorted(set(failed_guards))) or "no trace fits these sizes"
@@ -191,7 +200,9 @@ def run_split(
             take(leaf, sample_index) if kind in ("ragged", "dense") else leaf
             for leaf, kind in zip(leaves, kinds, strict=True)
         ]
-        ctx, inputs = make_ctx(plan, sub, int(sample_index.numel()), device, lifted, randomness)
+        ctx, inputs = make_ctx(
+            plan, sub, int(sample_index.numel()), device, lifted, randomness, meets=True
+        )
         # strict=True lets samples without elements run per node: they cost nothing,
         # and torch's own code often special-cases them (a plan of their own is pinned)
         only_empty = bool(empty_samples(leaves, kinds, batch_size, device)[sample_index].all())
@@ -242,6 +253,34 @@ def run_split(
         [merge(list(col), batch_size, s) for col, s in zip(columns, shapes, strict=True)],
         out_spec,
     )
+
+
+def traces_of(variant: Variant) -> int:
+    """Plans traced for ``variant``: its plans and the traces absorbed into them."""
+    return len(variant.plans) + sum(len(p.alternatives) for p in variant.plans)
+
+
+def absorb(variant: Variant, new: Plan, hints: tuple[int, ...], classes: tuple[int, ...]) -> bool:
+    """Whether an earlier plan of ``variant`` runs the same ops as ``new`` on the samples
+    ``new`` was traced for (sizes ``hints`` per size class); then it takes them, under
+    ``new``'s guards and those of its own that ``hints`` meet."""
+    for plan in variant.plans:
+        accepted = widen(plan, new, hint_env(plan, classes, hints))
+        if accepted is not None:
+            plan.alternatives.append(accepted)
+            return True
+    return False
+
+
+def guard_texts(plans: list[Plan]) -> list[str]:
+    """The guards of ``plans`` as the report lists them."""
+    texts: list[str] = []
+    for plan in plans:
+        texts.extend(text for text, _ in plan.guards)
+        texts.extend(
+            "or all of: " + "; ".join(text for text, _ in guards) for guards in plan.alternatives
+        )
+    return texts
 
 
 def restructure(out: Any, variant: Variant, batch_size: int, device: Any) -> Any:

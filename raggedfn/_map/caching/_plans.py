@@ -77,16 +77,22 @@ def _holds_at(plan: Plan, classes: tuple[int, ...], hints: tuple[int, ...]) -> b
     pinned trace."""
     if plan.pinned:
         return False
+    env = hint_env(plan, classes, hints)
+    try:
+        return all(bool(evaluate(env)) for _, evaluate in plan.guards)
+    except Exception:  # a size this env lacks: trace to find out
+        return False
+
+
+def hint_env(plan: Plan, classes: tuple[int, ...], hints: tuple[int, ...]) -> dict[str, Any]:
+    """Symbol name of each ragged axis of ``plan`` -> the example size of its class."""
     env: dict[str, Any] = {}
     axis = 0
     for kind in plan.leaf_kinds:
         for name in kind.symbols:
             env[name] = hints[classes[axis]]
             axis += 1
-    try:
-        return all(bool(evaluate(env)) for _, evaluate in plan.guards)
-    except Exception:  # a size this env lacks: trace to find out
-        return False
+    return env
 
 
 def _structure(

@@ -16,6 +16,7 @@ from ..caching._cache import CacheInfo
 from ..caching._groups import (
     check_randomness,
     device_of,
+    guard_texts,
     refuse_unknown_empty,
     restructure,
     run_split,
@@ -98,7 +99,7 @@ def _map(
     plan = variant.plans[0]
     if report is not None:
         report.trace_seconds = sum(p.trace_seconds for p in variant.plans)
-        report.guards = [text for p in variant.plans for text, _ in p.guards]
+        report.guards = guard_texts(variant.plans)
     ctx, inputs = make_ctx(plan, leaves, batch_size, device, lifted, randomness)
     recorder = Recorder() if report is not None else None
     ok = guard_mask(plan, ctx)

@@ -249,6 +249,8 @@ def sdpa_rule(
     """Attention over ragged query/key axes: torch's kernels per sample or per length
     bucket (with the sample's mask where ``f`` gives one), else the packed pairs."""
     dropout = float(dropout_p) if dropout_p else 0.0
+    if not dropout and not any(isinstance(t, RaggedB) for t in (q, k, v, attn_mask)):
+        return _fixed_shape(ctx, step, q, k, v, attn_mask, is_causal, scale, enable_gqa)
     if enable_gqa:
         k, v = (_repeat_heads(ctx, t, logical(q), logical(t)) for t in (k, v))
     shape_q, shape_k, shape_v = logical(q), logical(k), logical(v)
@@ -323,3 +325,50 @@ def sdpa_rule(
         weights.unsqueeze(-1) * take_rows(v.values, rows_k), query_rows, q.struct.total, "sum"
     )
     return RaggedB(out.to(step.out.dtype), q.layout, q.sz, q.struct)
+
+
+def _fixed_shape(
+    ctx: Ctx,
+    step: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    attn_mask: Any,
+    is_causal: bool,
+    scale: Any,
+    enable_gqa: bool,
+) -> DenseB:
+    """Attention over fixed-shape samples (a trace where a guard fixed the lengths, a
+    fixed number of rows): one call of torch's kernel with the batch merged into the
+    leading axes, as the loop calls it per sample (no ``torch.vmap``, whose fallback
+    for the fused CPU kernel loops and warns)."""
+    rank = len(logical(q))
+    if rank < 2 or any(len(logical(t)) != rank for t in (k, v)):
+        raise Unsupported("attention operands of different ranks")
+    b = ctx.batch_size
+    if b == 0:
+        raise Unsupported("an empty batch")
+    q, k, v = (
+        t.data if isinstance(t, DenseB) else t.unsqueeze(0).expand(b, *t.shape) for t in (q, k, v)
+    )
+    if not (q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
+        raise Unsupported("attention operands with broadcast batch axes")
+    mask = attn_mask
+    if isinstance(mask, DenseB):
+        extra = rank - (mask.data.ndim - 1)
+        if extra < 0:
+            raise Unsupported("an attention mask of higher rank than the query")
+        mask = mask.data.reshape(b, *([1] * extra), *mask.data.shape[1:])
+    lead = q.shape[:-3] if rank >= 3 else None
+    if lead is not None and len(lead) > 1:  # torch's kernels take 4-d operands
+        q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+        if isinstance(mask, Tensor):
+            shape = (*lead, q.shape[-3], q.shape[-2], k.shape[-2])
+            mask = mask.expand(shape).reshape(-1, *shape[-3:])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+    _note(ctx, "fused" if attn_mask is None else "fused with a mask")
+    return DenseB(
+        out.reshape(b, *out.shape[1:]) if lead is None else out.reshape(b, *step.out.shape)
+    )

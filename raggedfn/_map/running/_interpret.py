@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -32,20 +35,34 @@ class Recorder:
 
 
 def guard_mask(plan: Plan, ctx: Ctx) -> Tensor | None:
-    """``None`` when every sample meets every guard of ``plan``, else the ``[B]`` mask
-    of the samples that do (one host sync per call when the plan has guards)."""
+    """``None`` when every sample meets every guard of ``plan`` (or of one of its
+    alternative guard sets), else the ``[B]`` mask of the samples that do (one host sync
+    per call when the plan has guards)."""
     if not plan.guards or ctx.batch_size == 0:
         return None
+    ok = _all_hold(plan.guards, ctx)
+    for guards in plan.alternatives:
+        if ok is True:
+            break
+        more = _all_hold(guards, ctx)
+        ok = more if ok is False or more is True else ok if more is False else ok | more
+    if ok is True:
+        return None
+    if ok is False:
+        return torch.zeros(ctx.batch_size, dtype=torch.bool, device=ctx.device)
+    return None if bool(ok.all()) else ok
+
+
+def _all_hold(guards: list[tuple[str, Any]], ctx: Ctx) -> Any:
+    """``True``/``False`` for every sample alike, else the ``[B]`` mask."""
     ok: Any = True
-    for _, evaluate in plan.guards:
+    for _, evaluate in guards:
         value = evaluate(ctx.env)
         if isinstance(value, Tensor):
             value = value.bool()
             ok = value if ok is True else ok & value
         elif not value:
-            return torch.zeros(ctx.batch_size, dtype=torch.bool, device=ctx.device)
-    if ok is True or bool(ok.all()):
-        return None
+            return False
     return ok
 
 
@@ -56,7 +73,11 @@ def make_ctx(
     device: Any,
     lifted: list[Any] | None = None,
     randomness: str = "different",
+    meets: bool = False,
 ) -> tuple[Ctx, list[Any]]:
+    """The context and inputs of ``plan`` on a batch; ``meets``: every sample is known to
+    meet the plan's guards (a group of them), so sizes it fixed are those of every
+    sample."""
     env: dict[str, Tensor] = {}
     totals: dict[str, Any] = {}
     inputs: list[Any] = []
@@ -84,8 +105,24 @@ def make_ctx(
             totals[product or ""] = total  # (always a key for a ragged placeholder)
             if struct_key not in structs:
                 structs[struct_key] = struct
+            fixed = plan.fixed
+            if meets and fixed and all(name in fixed for name in names):
+                # a plan traced with these sizes fixed (its guards pin every sample of
+                # its group to them): the samples are fixed-shape, as the plan sees them
+                inputs.append(DenseB(_stacked(leaf, [fixed[n] for n in names], batch_size)))
+                continue
             inputs.append(RaggedB(leaf.values, leaf.layout, kind.sz, struct))
     return ctx, inputs
+
+
+def _stacked(leaf: Any, sizes: list[int], batch_size: int) -> Tensor:
+    """The samples of a ``Ragged`` leaf whose ragged sizes are ``sizes`` in every sample,
+    as one ``[B, *sample shape]`` tensor (a view of its values)."""
+    values = leaf.values.reshape(batch_size, *sizes, *leaf.values.shape[1:])
+    perm = leaf.layout.physical_to_logical()
+    if list(perm) == sorted(perm):
+        return values
+    return values.permute(0, *(1 + p for p in perm))
 
 
 def _placeholders(plan: Plan) -> list[tuple[int, Any, str | None, tuple[str, ...] | None]]:
@@ -393,12 +430,35 @@ def _vmap_rule(ctx: Ctx, step: Step, *args: Any, **kwargs: Any) -> Any:
 
     randomness = ctx.randomness if step.random else "error"
     try:
-        out = torch.vmap(call, in_dims=tuple(dims[i] for i in tensor_slots), randomness=randomness)(
-            *(data[i] for i in tensor_slots)
-        )
+        with _no_vmap_fallback():
+            out = torch.vmap(
+                call, in_dims=tuple(dims[i] for i in tensor_slots), randomness=randomness
+            )(*(data[i] for i in tensor_slots))
     except Exception as error:  # an op torch.vmap cannot batch: loop instead
         raise Unsupported(f"torch.vmap: {type(error).__name__}") from error
     return pytree.tree_map(DenseB, out) if isinstance(out, (tuple, list)) else DenseB(out)
+
+
+_FALLBACK_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_vmap_fallback() -> Iterator[None]:
+    """``torch.vmap`` without its batched fallback: an op without a vmap rule raises
+    (the node's own per-sample loop then runs, with raggedfn's warning) instead of
+    looping inside torch and printing torch's warning to stderr. The switch is
+    process-wide: set and restored under a lock."""
+    if torch.compiler.is_compiling():  # a graph has no such loop to avoid
+        yield
+        return
+    functorch: Any = torch._C._functorch
+    with _FALLBACK_LOCK:
+        before = functorch._is_vmap_fallback_enabled()
+        functorch._set_vmap_fallback_enabled(False)
+        try:
+            yield
+        finally:
+            functorch._set_vmap_fallback_enabled(before)
 
 
 def _random_rule(ctx: Ctx, step: Step, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

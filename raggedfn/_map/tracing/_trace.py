@@ -73,7 +73,7 @@ def _spec_of(val: Any, replace: dict[Any, Any]) -> Any:
         return sz_of(val, replace)
     if isinstance(val, (torch.SymFloat, torch.SymBool)):
         expr = val.node.expr
-        return Sz(str(expr), compile_expr(expr)) if expr.free_symbols else val
+        return Sz(str(expr), compile_expr(expr), expr=expr) if expr.free_symbols else val
     if isinstance(val, (tuple, list)):
         return tuple(_spec_of(v, replace) for v in val)
     return val
@@ -262,6 +262,7 @@ def trace(
         for sym, value in env.replacements.items()
     )
     guards: list[tuple[str, Evaluator]] = []
+    guard_exprs: list[Any] = []
     late: list[tuple[str, Evaluator, frozenset[str]]] = []
     found: list[tuple[Any, str, bool]] = []
     for g in env.guards:
@@ -290,6 +291,7 @@ def trace(
             late.append((f"{text} (from {where})", compile_expr(expr), unbacked))
             continue
         guards.append((f"{text} (from {where})", compile_expr(expr)))
+        guard_exprs.append(expr)
         if torch_own:
             internal.add(guards[-1][0])
     try:
@@ -316,6 +318,12 @@ def trace(
         late=late,
         internal=frozenset(internal),
         inputs=inputs,
+        guard_exprs=guard_exprs,
+        fixed={
+            str(sym): int(value)
+            for sym, value in env.replacements.items()
+            if str(sym) in ours and getattr(value, "is_number", False)
+        },
     )
 
 
