@@ -159,3 +159,49 @@ def test_cat_of_nested_values_compiles_to_one_graph(dim: int) -> None:
             y = raggedfn.from_list(documents(10 + seed, [[2] * (len(d) % 2 + 1) for d in shape]))
         _assert_grads(compiled(x, y), joined(x, y), {"w": w})
     assert graphs() == (1, 0)
+
+
+# ----- a dense weight on nested values ---------------------------------------------------
+
+# new batch sizes and lengths every batch (B = 5, 4, 3, 6): each would recompile if
+# x @ w read a size
+WEIGHTED_DOCS = [*DOCS[:3], [[1, 1, 1], [9, 2], [2, 3], [4], [3, 3], [2, 2, 2]]]
+
+
+def _attention_pool(scores: torch.Tensor) -> torch.Tensor:
+    """One sentence's (or document's) ``[n, *E]`` scores pooled over its ``n`` tokens."""
+    return (torch.softmax(scores, 0) * scores).sum(0).pow(2).sum()
+
+
+@pytest.mark.parametrize("weight_shape", [(4,), (4, 3)])
+@pytest.mark.parametrize("nested", [True, False])
+def test_dense_weight_on_nested_values_compiles_once(
+    weight_shape: tuple[int, ...], nested: bool
+) -> None:
+    """Attention pooling of ``x @ w`` over the tokens of every sentence, ``w`` a ``[D]``
+    or ``[D, E]`` tensor: dynamo hands ``x @ w`` to ``Ragged`` as ``Tensor.matmul(w, x)``,
+    and telling ``w @ x`` from ``x @ w`` reads no size, so new batch sizes and lengths
+    reuse one graph; values and gradients equal the per-sentence loop (one level: the
+    documents' tokens joined, pooled per document)."""
+    fresh()
+    w = torch.randn(*weight_shape, dtype=torch.float64, requires_grad=True)
+    axis = 2 if nested else 1
+
+    def pooled(x: raggedfn.Ragged) -> torch.Tensor:
+        scores = x @ w
+        out = raggedfn.sum(raggedfn.softmax(scores, axis) * scores, axis)
+        return (out.values if isinstance(out, raggedfn.Ragged) else out).pow(2).sum()
+
+    compiled = torch.compile(pooled, fullgraph=True, dynamic=True)
+    zero = torch.zeros((), dtype=torch.float64)
+    for seed, shape in enumerate(WEIGHTED_DOCS):
+        docs = documents(seed, shape)
+        x = raggedfn.from_list(docs)
+        if nested:
+            expected = sum((_attention_pool(s @ w) for doc in docs for s in doc), zero)
+        else:
+            x = raggedfn.flatten(x, 1, 2)
+            joined = [torch.cat(doc) for doc in docs if doc]
+            expected = sum((_attention_pool(t @ w) for t in joined), zero)
+        _assert_grads(compiled(x), expected, {"w": w})
+    assert graphs() == (1, 0)
