@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 import raggedfn
 from tests.test_grouped import moe, moe_params, moe_tokens
@@ -159,3 +160,91 @@ def test_cat_of_nested_values_compiles_to_one_graph(dim: int) -> None:
             y = raggedfn.from_list(documents(10 + seed, [[2] * (len(d) % 2 + 1) for d in shape]))
         _assert_grads(compiled(x, y), joined(x, y), {"w": w})
     assert graphs() == (1, 0)
+
+
+# ----- a dense weight on nested values ---------------------------------------------------
+
+# new batch sizes and lengths every batch (B = 5, 4, 3, 6): each would recompile if
+# x @ w read a size
+WEIGHTED_DOCS = [*DOCS[:3], [[1, 1, 1], [9, 2], [2, 3], [4], [3, 3], [2, 2, 2]]]
+
+
+def _attention_pool(scores: torch.Tensor) -> torch.Tensor:
+    """One sentence's (or document's) ``[n, *E]`` scores pooled over its ``n`` tokens."""
+    return (torch.softmax(scores, 0) * scores).sum(0).pow(2).sum()
+
+
+@pytest.mark.parametrize("weight_shape", [(4,), (4, 3)])
+@pytest.mark.parametrize("nested", [True, False])
+def test_dense_weight_on_nested_values_compiles_once(
+    weight_shape: tuple[int, ...], nested: bool
+) -> None:
+    """Attention pooling of ``x @ w`` over the tokens of every sentence, ``w`` a ``[D]``
+    or ``[D, E]`` tensor: dynamo hands ``x @ w`` to ``Ragged`` as ``Tensor.matmul(w, x)``,
+    and telling ``w @ x`` from ``x @ w`` reads no size, so new batch sizes and lengths
+    reuse one graph; values and gradients equal the per-sentence loop (one level: the
+    documents' tokens joined, pooled per document)."""
+    fresh()
+    w = torch.randn(*weight_shape, dtype=torch.float64, requires_grad=True)
+    axis = 2 if nested else 1
+
+    def pooled(x: raggedfn.Ragged) -> torch.Tensor:
+        scores = x @ w
+        out = raggedfn.sum(raggedfn.softmax(scores, axis) * scores, axis)
+        return (out.values if isinstance(out, raggedfn.Ragged) else out).pow(2).sum()
+
+    compiled = torch.compile(pooled, fullgraph=True, dynamic=True)
+    zero = torch.zeros((), dtype=torch.float64)
+    for seed, shape in enumerate(WEIGHTED_DOCS):
+        docs = documents(seed, shape)
+        x = raggedfn.from_list(docs)
+        if nested:
+            expected = sum((_attention_pool(s @ w) for doc in docs for s in doc), zero)
+        else:
+            x = raggedfn.flatten(x, 1, 2)
+            joined = [torch.cat(doc) for doc in docs if doc]
+            expected = sum((_attention_pool(t @ w) for t in joined), zero)
+        _assert_grads(compiled(x), expected, {"w": w})
+    assert graphs() == (1, 0)
+
+
+@pytest.mark.parametrize("equation", ["bstd,bsud->bstu", "bstd,bsud->bsut"])
+def test_per_sentence_einsum_compiles_once(equation: str) -> None:
+    """A pair state per sentence of two documents batches with the same sentences and
+    other tokens, softmax over its last axis: one graph for new batch sizes and lengths,
+    values and gradients equal to the per-sentence einsum."""
+    fresh()
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    inner = equation.split(",")[0][2:] + "," + equation.split(",")[1][2:].split("-")[0]
+    inner += "->" + equation[-2:]
+
+    def pooled(x: raggedfn.Ragged, y: raggedfn.Ragged) -> torch.Tensor:
+        pairs = raggedfn.einsum(equation, x * w, y)
+        return (raggedfn.softmax(pairs, 3) * pairs).values.pow(2).sum()
+
+    unbacked: set[object] = set()
+
+    def backend(gm: torch.fx.GraphModule, _inputs: object) -> object:
+        for node in gm.graph.nodes:
+            unbacked.update(free_unbacked_symbols(node.meta.get("example_value")))
+        return gm.forward
+
+    compiled = torch.compile(pooled, fullgraph=True, dynamic=True, backend=backend)
+    zero = torch.zeros((), dtype=torch.float64)
+    for seed, shape in enumerate(WEIGHTED_DOCS):
+        other = [[n + 1 + k % 2 for k, n in enumerate(doc)] for doc in shape]
+        xs, ys = documents(seed, shape), documents(10 + seed, other)
+        x, y = raggedfn.from_list(xs), raggedfn.from_list(ys)
+        expected = sum(
+            (
+                ((p := torch.einsum(inner, s * w, t)).softmax(-1) * p).pow(2).sum()
+                for dx, dy in zip(xs, ys, strict=True)
+                for s, t in zip(dx, dy, strict=True)
+            ),
+            zero,
+        )
+        _assert_grads(compiled(x, y), expected, {"w": w})
+    assert graphs() == (1, 0)
+    # one data-dependent size: the pair state's row count (sum of t * u); the lengths
+    # put back under the documents come from shapes (no repeat without its size)
+    assert len(unbacked) == 1, unbacked

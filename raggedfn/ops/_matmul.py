@@ -5,6 +5,7 @@ last-stored axis: a single ``values @ w``, the loop's own rows)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -132,20 +133,32 @@ def _inner(op: Ragged | Tensor, left: bool) -> tuple[int, bool, Any]:
     return position, False, op.shape[position]
 
 
-def matmul_mismatch(a: Ragged | Tensor, b: Ragged | Tensor) -> str | None:
-    """Why ``matmul(a, b)`` (one operand ``Ragged``) cannot run, or ``None`` when it can.
+def matmul_fits(a: Ragged | Tensor, b: Ragged | Tensor) -> bool:
+    """Whether ``matmul(a, b)`` (one operand ``Ragged``) can run, reading only ranks and
+    the contracted sizes: the operator dispatch under ``torch.compile`` asks it of
+    ``x @ W`` and ``W @ x`` (see :mod:`._operators`) without formatting a message that
+    would read, and so specialize, the batch size and the other sizes."""
+    return _mismatch(a, b) is None
 
-    Only shapes are read, so the operator dispatch under ``torch.compile`` can
-    ask whether ``x @ W`` or ``W @ x`` fits (see :mod:`._operators`).
-    """
+
+def matmul_mismatch(a: Ragged | Tensor, b: Ragged | Tensor) -> str | None:
+    """Why ``matmul(a, b)`` (one operand ``Ragged``) cannot run, or ``None`` when it can."""
+    why = _mismatch(a, b)
+    return None if why is None else why()
+
+
+def _mismatch(a: Ragged | Tensor, b: Ragged | Tensor) -> Callable[[], str] | None:
+    """``matmul_mismatch`` with the message left unformatted until asked for."""
     rank_a = a.layout.rank if isinstance(a, Ragged) else a.ndim
     rank_b = b.layout.rank if isinstance(b, Ragged) else b.ndim
     if rank_a < 1 or rank_b < 1:
-        return f"expected operands with at least one sample axis, got ranks {rank_a} and {rank_b}"
+        return lambda: (
+            f"expected operands with at least one sample axis, got ranks {rank_a} and {rank_b}"
+        )
     if isinstance(a, Ragged) and isinstance(b, Tensor) and b.ndim > 2:
-        return f"expected a dense right operand b of shape [K] or [K, N], got {describe(b)}"
+        return lambda: f"expected a dense right operand b of shape [K] or [K, N], got {describe(b)}"
     if isinstance(b, Ragged) and isinstance(a, Tensor) and a.ndim > 2:
-        return f"expected a dense left operand a of shape [K] or [M, K], got {describe(a)}"
+        return lambda: f"expected a dense left operand a of shape [K] or [M, K], got {describe(a)}"
     pos_a, ragged_a, size_a = _inner(a, left=True)
     pos_b, ragged_b, size_b = _inner(b, left=False)
     if ragged_a or ragged_b:
@@ -154,17 +167,17 @@ def matmul_mismatch(a: Ragged | Tensor, b: Ragged | Tensor) -> str | None:
         name, op = ("a", a) if ragged_a else ("b", b)
         other = b if name == "a" else a
         if not isinstance(other, Ragged):
-            return (
+            return lambda: (
                 f"expected the other operand to be Ragged since {name} of {_shape_of(op)} has a "
                 f"ragged contracted axis, got {describe(other)}"
             )
-        return (
+        return lambda: (
             f"expected the contracted axes to be both ragged or both dense, got a of "
             f"{_shape_of(a)} (axis {1 + pos_a}) and b of {_shape_of(b)} (axis {1 + pos_b})"
         )
     if size_a != size_b:
         where_b = "" if isinstance(b, Ragged) else f" along axis {pos_b}"
-        return (
+        return lambda: (
             f"expected b to have the inner size {size_a} of a{where_b}, got a of {_shape_of(a)} "
             f"and b of {_shape_of(b)}"
         )

@@ -22,6 +22,7 @@ from .._errors import fail
 from .._index import lengths_of, offsets_of
 from .._layout import Layout
 from .._mixed import rectangle_sides
+from .._nested import level_counts
 from .._ragged import Ragged
 from ._broadcast import check_equal
 
@@ -57,9 +58,11 @@ def _outer_lengths(x: Ragged, outer: int) -> list[Tensor]:
     return [x.sizes[:, 0], *(lengths_of(x.row_offsets[k]) for k in range(outer - 1))]
 
 
-def under_outer(y: Ragged | Tensor, x: Ragged, outer: int) -> Ragged:
+def under_outer(y: Ragged | Tensor, x: Ragged, outer: int, rows: Any = None) -> Ragged:
     """A per-element result ``y`` (batch: the elements of ragged axis ``outer - 1`` of
-    ``x``) put back under ``x``'s outer ragged axes ``0 .. outer - 1``."""
+    ``x``) put back under ``x``'s outer ragged axes ``0 .. outer - 1``. ``rows``, where
+    known from a shape, is the sum of ``y``'s first ragged side over its samples: the
+    size of the second side's repeat, so that it needs no sync."""
     lengths = _outer_lengths(x, outer)
     if isinstance(y, Tensor):
         inner = Layout.standard(0, y.ndim - 1)
@@ -67,9 +70,12 @@ def under_outer(y: Ragged | Tensor, x: Ragged, outer: int) -> Ragged:
     else:
         inner = y.layout
         sides = y.sizes
-        count = torch.ones_like(sides[:, 0])
-        for k in range(y.num_ragged):  # every element of the level above repeats the side
-            lengths.append(sides[:, k].repeat_interleave(count))
+        lengths.append(sides[:, 0])  # one per sample of y
+        count = sides[:, 0]
+        for k in range(1, y.num_ragged):  # every element of the level above repeats the side
+            first = y.layout.axes[0]  # rows counts the output's first inner axis
+            size = rows if k == 1 and first.ragged and first.index == 0 else None
+            lengths.append(sides[:, k].repeat_interleave(count, output_size=size))
             count = count * sides[:, k]
         values = y.values
     layout = outer_layout(x.layout, inner, outer)
@@ -119,4 +125,23 @@ def per_element_einsum(
     ]
     demoted = [element_batch(op, outer) if isinstance(op, Ragged) else op for op in operands]
     equation = ",".join(subscripts) + "->" + batch + rhs[1 + outer :]
-    return under_outer(einsum(equation, *demoted), first, outer)
+    return under_outer(
+        einsum(equation, *demoted), first, outer, _first_side_rows(inputs, rhs, operands, outer)
+    )
+
+
+def _first_side_rows(
+    inputs: list[str], rhs: str, operands: Sequence[Ragged | Tensor], outer: int
+) -> Any:
+    """The elements of the output's first inner axis across the batch, where an operand
+    holds that letter as its ragged axis ``outer`` (a tensor shape: no sync), else None."""
+    if len(rhs) <= 1 + outer:
+        return None
+    for op, sub in zip(operands, inputs, strict=True):
+        if (
+            isinstance(op, Ragged)
+            and leading_levels(op) > outer
+            and sub[1 + outer] == rhs[1 + outer]
+        ):
+            return level_counts(op.row_offsets, op.values.shape[0])[outer]
+    return None

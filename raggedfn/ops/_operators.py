@@ -26,7 +26,7 @@ from .._errors import fail
 from .._ragged import Ragged
 from . import _compare as cmp
 from . import _elementwise as ew
-from ._matmul import matmul, matmul_mismatch
+from ._matmul import matmul, matmul_fits
 
 __all__: list[str] = []
 
@@ -101,8 +101,8 @@ def _compiled_matmul(t: Tensor, x: Ragged) -> Any:
 
     The shapes decide; where both products fit, refuse rather than guess.
     """
-    fits_left = matmul_mismatch(t, x) is None
-    fits_right = matmul_mismatch(x, t) is None
+    fits_left = matmul_fits(t, x)
+    fits_right = matmul_fits(x, t)
     if fits_left and fits_right:
         raise fail(
             "matmul",
