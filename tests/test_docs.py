@@ -3,8 +3,12 @@
 Convention for every ``docs/*.md`` page and ``README.md``:
 
 - a fenced block opened with exactly ```` ```python ```` is executed;
-- ```` ```python no-run ```` (any words after ``python``) is shown but not run: use it
-  for examples that need a GPU, the network or minutes of compute;
+- ```` ```{.python .no-run} ```` is shown (highlighted as Python) but not run: use it
+  for examples that need a GPU, the network or minutes of compute. The site's fence
+  parser (pymdownx.superfences) takes a bare language or the ``{...}`` form only: an
+  opening line such as ```` ```python no-run ```` is not a fence to it, so the block
+  and everything up to the next fence renders as text (a heading inside vanishes);
+  ``test_fences_are_ones_the_site_parses`` refuses such lines;
 - blocks of other languages (```` ```bash ````, ```` ```text ````, ...) are ignored.
 
 The runnable blocks of one page execute in order in one shared namespace, like a
@@ -39,11 +43,34 @@ def runnable_blocks(text: str) -> list[tuple[int, str]]:
 def test_block_extraction_follows_the_convention():
     text = (
         "intro\n```python\na = 1\n```\n"
-        "```python no-run\nraise SystemExit\n```\n"
+        "```{.python .no-run}\nraise SystemExit\n```\n"
         "```bash\nexit 1\n```\n"
         "```python\nb = a + 1\n```\n"
     )
     assert runnable_blocks(text) == [(3, "a = 1\n"), (12, "b = a + 1\n")]
+
+
+# what pymdownx.superfences accepts after the backticks: nothing, a language, a language
+# with key="value" options, or a {...} attribute block
+SITE_FENCE_INFO = re.compile(r'(?:[\w#.+-]+(?:\s+\w+="[^"]*")*|\{[^}]*\})?')
+
+
+def fence_lines_the_site_cannot_parse(text: str) -> list[int]:
+    return [
+        number
+        for number, line in enumerate(text.splitlines(), 1)
+        if line.startswith("```") and not SITE_FENCE_INFO.fullmatch(line[3:].strip())
+    ]
+
+
+def test_fence_check_follows_the_site_parser():
+    text = "```python\n```\n```{.python .no-run}\n```\n```python no-run\n```\n```\n"
+    assert fence_lines_the_site_cannot_parse(text) == [5]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_fences_are_ones_the_site_parses(page: Path) -> None:
+    assert fence_lines_the_site_cannot_parse(page.read_text()) == [], page.name
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
