@@ -10,24 +10,20 @@ single-process training run on the union batch.
 
 from __future__ import annotations
 
-import datetime
 import functools
-import json
-import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import raggedfn
 from property_tests.reference import samples
 from raggedfn import RaggedError
 from raggedfn.data import TokenBudgetBatchSampler
 from raggedfn.distributed import all_gather, all_to_all
+from tests import gloo_ranks
 
 WORLD = 2
 D = 3
@@ -445,35 +441,16 @@ def check_sampler_reads_the_process_group(rank: int) -> list[str]:
     return problems
 
 
-CHECKS: dict[str, Callable[[int], list[str]]] = {
-    name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")
-}
-
-
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    warnings.simplefilter("error")  # as pytest's filterwarnings, which a spawned worker lacks
-    # torch's own forward-mode decompositions script functions on first use (not our code)
-    warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", DeprecationWarning)
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=120),
-    )
-    results = {}
-    for name, check in CHECKS.items():
-        results[name] = check(rank)
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+CHECKS = gloo_ranks.checks_of(globals())
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, list[str]]]:
-    directory = tmp_path_factory.mktemp("gloo")
-    mp.spawn(_worker, args=(str(directory / "rendezvous"), str(directory)), nprocs=WORLD)
-    return [json.loads((directory / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    # torch's own forward-mode decompositions script functions on first use (not our code)
+    quiet = (("`torch.jit.script` is deprecated", DeprecationWarning),)
+    return gloo_ranks.run_checks(
+        CHECKS, WORLD, tmp_path_factory.mktemp("gloo"), ignore_warnings=quiet
+    )
 
 
 # known failures, each a reproducer for its owner

@@ -10,23 +10,19 @@ call in the forward and one in the backward, whatever the number of samples.
 
 from __future__ import annotations
 
-import datetime
 import functools
-import json
 import math
 import warnings
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.checkpoint import checkpoint
 
 import raggedfn
 from property_tests.reference import samples
+from tests import gloo_ranks
 
 WORLD = 2
 D = 4
@@ -310,36 +306,12 @@ def check_ddp_still_works(rank: int) -> list[str]:
     return problems
 
 
-CHECKS: dict[str, Callable[[int], list[str]]] = {
-    name.removeprefix("check_"): fn for name, fn in globals().items() if name.startswith("check_")
-}
-
-
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    warnings.simplefilter("error")  # as pytest's filterwarnings, which a spawned worker lacks
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=120),
-    )
-    results = {}
-    for name, check in CHECKS.items():
-        try:
-            results[name] = check(rank)
-        except Exception as error:  # reported as a mismatch (a raise would leave peers waiting)
-            results[name] = [f"raised {type(error).__name__}: {error}"]
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+CHECKS = gloo_ranks.checks_of(globals())
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, list[str]]]:
-    directory = tmp_path_factory.mktemp("gloo")
-    mp.spawn(_worker, args=(str(directory / "rendezvous"), str(directory)), nprocs=WORLD)
-    return [json.loads((directory / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return gloo_ranks.run_checks(CHECKS, WORLD, tmp_path_factory.mktemp("gloo"))
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
