@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 import raggedfn
+from benchmarks import plots
 from benchmarks._standalone import cli, header
 
 NORMAL = [[17, 30, 25, 12], [20, 9, 33, 14], [11, 27, 19, 22]]
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--hidden", type=int, default=256)
-    return cli(parser, run, markdown, argv)
+    return cli(parser, run, markdown, argv, plot=plots.plot_one_row)
 
 
 if __name__ == "__main__":

@@ -166,6 +166,14 @@ def plot_map_retrace(record: dict[str, Any], path: Path) -> bool:
     )  # fmt: skip
 
 
+def plot_one_row(record: dict[str, Any], path: Path) -> bool:
+    groups = {"HF BERT step": {"with one-row samples / without": record["one_row_over_normal"]}}
+    return write_bars(
+        path, "Batches with samples of one row through map (lower is better)", groups,
+        "time per step, ratio", target=1.2, log=False,
+    )  # fmt: skip
+
+
 def plot_bert_full(record: dict[str, Any], path: Path) -> bool:
     kind = "compiled" if record["compiled"] else "eager"
     groups = {
@@ -233,6 +241,7 @@ PLOTTERS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "distributed": plot_distributed,
     "map_bert": plot_map_bert,
     "map_retrace": plot_map_retrace,
+    "one_row": plot_one_row,
     "bert_full": plot_bert_full,
     "compiled_layer": plot_compiled_layer,
     "fsdp_ddp": plot_fsdp_ddp,

@@ -439,6 +439,25 @@ def test_a_pinned_trace_whose_probe_stops_claims_no_structure():
         assert structure is None or differ <= set(structure[j]), (j, structure)
 
 
+def _pinned_then_sliced(t):
+    return t[2:-3], float(t.shape[0])  # no rows for n <= 5, n - 5 rows past it
+
+
+def test_a_pinned_slice_empty_at_both_example_sizes_is_still_ragged():
+    # float(n) pins each trace's size; t[2:-3] has no rows at the first trace's size (5)
+    # and the probe's (2): only a third, larger size shows the rows follow the sample's.
+    # Found by the generated programs (seed 3248284509, program 753): a batch of short
+    # samples gave a dense [B, 0, D] tensor where longer ones give a Ragged value
+    for lengths in ((3, 1), (8, 1), (3, 3)):
+        x = tokens(lengths)
+        report = raggedfn.map_report(_pinned_then_sliced, x)
+        assert report.structure is not None and report.structure[0] == (0,), report.structure
+        assert isinstance(report.output[0], raggedfn.Ragged), lengths
+        expected = loop(_pinned_then_sliced, x)
+        assert_same(report.output[0], [e[0] for e in expected])
+        assert report.output[1].tolist() == [e[1] for e in expected]
+
+
 def test_batch_norm_refuses_a_one_row_sample_in_training_as_the_loop_does():
     # torch's F.batch_norm checks `size_prods == 1` in Python (_verify_batch_size): a
     # guard Ne(n, 1) from torch's own frame that decides an error, not a layout, so it is

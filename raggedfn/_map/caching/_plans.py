@@ -65,10 +65,10 @@ def _probe_hints(count: int) -> tuple[int, ...]:
 
 
 def _large_again(hints: tuple[int, ...]) -> tuple[int, ...]:
-    """Other large example sizes (each first hint plus one): where the probe on small
-    sizes stops, a trace pinned by ``len(t)`` is traced again on these to tell which of
-    its fixed output sizes follow the sample's."""
-    return tuple(h + 1 for h in hints)
+    """Other, larger example sizes (each first hint times three plus one): a trace pinned
+    by ``len(t)`` is traced again on these to tell which of its fixed output sizes follow
+    the sample's (where the probe on small sizes stops, or gives the same sizes)."""
+    return tuple(3 * h + 1 for h in hints)
 
 
 def _holds_at(plan: Plan, classes: tuple[int, ...], hints: tuple[int, ...]) -> bool:
@@ -123,11 +123,22 @@ def _structure(
     if more is None or len(more) != len(specs):
         # the probe stopped early: a pinned trace cannot tell; else keep the first's
         return (None if pinned else [tuple(sorted(p)) for p in positions]), other
+    _union(positions, specs, more)
+    if pinned and again is not None:
+        # both example sizes may give the same fixed size where the output follows the
+        # sample's past them (t[2:-3] has no rows for n <= 5): a third, larger size
+        third, _, _ = _specs(again())
+        if third is not None and len(third) == len(specs):
+            _union(positions, specs, third)
+    return [tuple(sorted(p)) for p in positions], other
+
+
+def _union(positions: list[set[int]], specs: list[Any], more: list[Any]) -> None:
+    """Add to ``positions`` the axes ragged in ``more`` or of other sizes than in ``specs``."""
     for p, a, b in zip(positions, specs, more, strict=True):
         if isinstance(a, TSpec) and isinstance(b, TSpec) and len(a.shape) == len(b.shape):
             p.update(ragged_positions_of(b))
             p.update(q for q, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y)
-    return [tuple(sorted(p)) for p in positions], other
 
 
 def _specs(plan: Plan | Failure) -> tuple[list[Any] | None, bool, bool]:
