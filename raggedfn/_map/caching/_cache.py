@@ -62,8 +62,10 @@ class CacheInfo(NamedTuple):
     """What ``raggedfn.map`` has cached for one function (see :func:`map_cache_info`).
 
     Attributes:
-        traces: how many times the function was traced (each failed trace counts).
-        hits: calls that reused a cached trace.
+        traces: calls that found no cached variant and traced the function (each
+            failed trace counts; the probe traces of a first trace count with it, and
+            a retrace for samples a cached plan's guards refuse counts in ``plans``).
+        hits: calls that found a cached variant.
         variants: cached (input signature, captured state) combinations.
         plans: traces held across those variants.
         evictions: variants dropped because the entry was full.

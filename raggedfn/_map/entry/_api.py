@@ -324,7 +324,8 @@ def map_cache_info(f: Callable[..., Any]) -> CacheInfo:
         f: a function (or module, or callable object) given to :func:`map`.
 
     Returns:
-        A :class:`CacheInfo`: ``traces`` (how many times the code was traced),
+        A :class:`CacheInfo`: ``traces`` (calls that traced the code anew; a retrace
+        for samples a cached plan's guards refuse adds to ``plans`` instead),
         ``hits``, ``variants``, ``plans`` and ``evictions``; all zero for a function
         never mapped.
 
