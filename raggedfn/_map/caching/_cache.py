@@ -63,8 +63,9 @@ class CacheInfo(NamedTuple):
 
     Attributes:
         traces: calls that found no cached variant and traced the function (each
-            failed trace counts; the probe traces of a first trace count with it, and
-            a retrace for samples a cached plan's guards refuse counts in ``plans``).
+            failed trace counts; the probe traces of a first trace count with it; a
+            retrace for samples a cached plan's guards refuse does not count: it
+            becomes a plan, counted in ``plans``, or widens the plan it matches).
         hits: calls that found a cached variant.
         variants: cached (input signature, captured state) combinations.
         plans: traces held across those variants.

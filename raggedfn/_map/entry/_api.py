@@ -325,7 +325,7 @@ def map_cache_info(f: Callable[..., Any]) -> CacheInfo:
 
     Returns:
         A :class:`CacheInfo`: ``traces`` (calls that traced the code anew; a retrace
-        for samples a cached plan's guards refuse adds to ``plans`` instead),
+        for samples a cached plan's guards refuse becomes or widens a plan instead),
         ``hits``, ``variants``, ``plans`` and ``evictions``; all zero for a function
         never mapped.
 
