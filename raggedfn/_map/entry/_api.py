@@ -27,6 +27,7 @@ from ..running._chunked import run_chunked
 from ..running._chunks import check_chunk_elements
 from ..running._fallback import function_loop
 from ..running._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
+from ..nested._run import NotBatched, nested_map
 from ..running._split import empty_result
 from ..tracing._trace import tracing
 from ._compiled import EAGER, compiled_map
@@ -58,6 +59,14 @@ def _map(
         reason = "f maps over a nested value (its samples are Ragged values)"
         if torch.compiler.is_compiling():
             raise fail("map", f"{reason}: not supported inside torch.compile")
+
+        def run_map(g: Any, g_args: tuple[Any, ...], g_dims: Any, part: MapReport) -> Any:
+            return _map(g, g_args, g_dims, strict, randomness, part, chunk_elements)
+
+        try:
+            return nested_map(f, leaves, kinds, treespec, run_map, report)
+        except NotBatched as error:
+            reason = f"{reason}, not batched: {error}"
         return whole_loop(f, args, dims, batch_size, None, reason, strict, randomness, report, None)
     if torch.compiler.is_compiling():
         out = compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)

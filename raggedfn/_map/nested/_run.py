@@ -1,0 +1,141 @@
+"""``map`` over nested values, batched: record ``f`` on stand-in samples, run the
+record on the batch; or say why not (then ``map`` runs the per-sample loop)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+from ..._ragged import Ragged
+from ..base._report import MapReport
+from . import _record_ops  # noqa: F401  (binds the stand-ins' handlers and operators)
+from ._replay import Segment, replay
+from ._stand_ins import (
+    DenseStandIn,
+    NotRecordable,
+    Recorder,
+    Ref,
+    SampleStandIn,
+    is_leaf,
+    recording,
+)
+
+# two example documents of different sizes (sentences, tokens: an empty sentence too)
+_EXAMPLE_LENGTHS = ((3, 1), (2, 0, 4))
+
+RunMap = Callable[[Callable[..., Any], tuple[Any, ...], tuple[Any, ...], MapReport], Any]
+
+
+class NotBatched(Exception):
+    """Why the record cannot run (the per-sample loop runs)."""
+
+
+def _examples(x: Ragged) -> tuple[Ragged, Ragged]:
+    """Two one-level samples with ``x``'s sample layout, dtype, device and dense shape."""
+    from ..._construct import from_list  # constructors sit beside the value layer
+
+    dense = x.values.shape[1:]
+    docs = [
+        [x.values.new_zeros((n, *dense)) for n in lengths] for lengths in _EXAMPLE_LENGTHS
+    ]
+    example = from_list(docs)
+    if example.layout != x.layout or x.layout.num_nested != 1:
+        raise NotBatched(f"a nested value of layout {x.layout} (only r0 n1 d...)")
+    return example[0], example[1]
+
+
+def _stand_ins(
+    leaves: list[Any], kinds: list[str], rec: Recorder
+) -> tuple[list[Any], dict[Ref, Any]]:
+    stand_ins: list[Any] = []
+    env: dict[Ref, Any] = {}
+    for leaf, kind in zip(leaves, kinds, strict=True):
+        if kind == "ragged" and leaf.row_offsets:
+            ref = rec.new_ref()
+            stand_ins.append(SampleStandIn.make(_examples(leaf), ref))
+            env[ref] = leaf
+        elif kind == "ragged":
+            raise NotBatched("a one-level ragged argument beside a nested one")
+        elif kind == "dense":
+            ref = rec.new_ref()
+            row = leaf.new_zeros(leaf.shape[1:])
+            stand_ins.append(DenseStandIn.make((row, row), ref))
+            env[ref] = leaf
+        else:
+            stand_ins.append(leaf)
+    return stand_ins, env
+
+
+def record(
+    f: Callable[..., Any], leaves: list[Any], kinds: list[str], treespec: Any
+) -> tuple[Recorder, dict[Ref, Any], Any]:
+    """Run ``f`` once on stand-ins: its record, the batch's values by ref, its output."""
+    rec = Recorder()
+    stand_ins, env = _stand_ins(leaves, kinds, rec)
+    args = pytree.tree_unflatten(stand_ins, treespec)
+    with recording(rec):
+        try:
+            out = f(*args)
+        except NotRecordable:
+            pass
+        except Exception as error:  # noqa: BLE001  (the loop raises it for the real sample)
+            if rec.failure is None:
+                rec.failure = f"f raised {type(error).__name__} on a stand-in sample: {error}"
+    if rec.failure is not None:
+        raise NotBatched(rec.failure)
+    flat, spec = pytree.tree_flatten(out, is_leaf=is_leaf)
+    template = []
+    for leaf in flat:
+        if not isinstance(leaf, (SampleStandIn, DenseStandIn)):
+            raise NotBatched(f"f returns {type(leaf).__name__}, not a value of the sample")
+        template.append(object.__getattribute__(leaf, "_ref"))
+    return rec, env, pytree.tree_unflatten(template, spec)
+
+
+def nested_map(
+    f: Callable[..., Any],
+    leaves: list[Any],
+    kinds: list[str],
+    treespec: Any,
+    run_map: RunMap,
+    report: MapReport | None,
+) -> Any:
+    """``map(f, ...)`` over nested values, batched; raises ``NotBatched`` with the reason
+    where the record cannot stand for ``f`` (nothing has run on the batch then)."""
+    rec, env, output = record(f, leaves, kinds, treespec)
+    batched: dict[str, int] = {}
+    parts: list[MapReport] = []
+
+    def run_segment(segment: Segment, inputs: tuple[Any, ...], shared: list[Tensor]) -> Any:
+        part = MapReport()
+        parts.append(part)
+        dims = (0,) * len(inputs) + (None,) * len(shared)
+        return run_map(segment, (*inputs, *shared), dims, part)
+
+    try:
+        out = replay(rec.nodes, env, output, run_segment, batched)
+    except NotRecordable as error:
+        raise NotBatched(str(error)) from None
+    if report is not None:
+        report.batched = batched
+        for k, part in enumerate(parts):
+            where = f"segment {k} of torch code on per-sample tensors"
+            for name, n in part.batched.items():
+                report.batched[name] = report.batched.get(name, 0) + n
+            for name, why in part.fallback.items():
+                report.fallback[f"{name} ({where})"] = why
+            if part.whole_loop is not None:
+                report.fallback[where] = part.whole_loop
+            if part.partial_loop is not None:
+                report.fallback[where] = part.partial_loop
+            report.guards.extend(part.guards)
+            report.unbatched.update(part.unbatched)
+    return out
+
+
+def compiling() -> bool:
+    return torch.compiler.is_compiling()

@@ -1,0 +1,282 @@
+"""Stand-in samples for ``map`` over a nested value: ``f`` runs once on them and every
+op it applies is recorded, computed on two small example samples of different sizes
+(so that ``f`` sees real types and shapes, and a size that differs between them is
+known to follow the sample).
+
+- ``SampleStandIn``: a one-level ``Ragged`` (a document's sentences of tokens). Public
+  raggedfn ops and operators given one are recorded as *batch* nodes (run later by the
+  same op one level deeper on the nested batch).
+- ``DenseStandIn``: a ``torch.Tensor`` (a per-sample dense result). Torch functions and
+  raggedfn ops given only these are recorded as *sample* nodes (run later by a
+  one-level ``map`` over the batch).
+
+Anything the record cannot stand for (reading a sample's sizes or data, writes, an op
+without an axis rule) raises ``NotRecordable`` with the reason; ``map`` then runs the
+per-sample loop and says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple, NoReturn
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+from ... import _dispatch
+from ..._ragged import Ragged
+
+
+class NotRecordable(BaseException):
+    """``f`` did something a record cannot stand for (a BaseException: ``f``'s own
+    ``except Exception`` must not swallow it)."""
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Ref:
+    """A recorded value, by number (a pytree leaf, unlike a NamedTuple)."""
+
+    id: int
+
+
+def is_leaf(value: Any) -> bool:
+    """Pytree leaves of records: ``Ragged`` values are kept whole."""
+    return isinstance(value, (Ragged, Ref))
+
+
+class Node(NamedTuple):
+    kind: str  # "batch" or "sample"
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    out: Any  # a pytree of Ref (and constants)
+
+
+class Recorder:
+    """The ops recorded in one run of ``f`` on stand-ins."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.count = 0
+        self.failure: str | None = None
+
+    def new_ref(self) -> Ref:
+        self.count += 1
+        return Ref(self.count - 1)
+
+    def fail(self, reason: str) -> NoReturn:
+        if self.failure is None:
+            self.failure = reason
+        raise NotRecordable(reason)
+
+
+_LOCAL = threading.local()
+
+
+def recorder() -> Recorder:
+    found: Recorder | None = getattr(_LOCAL, "recorder", None)
+    if found is None:  # a stand-in escaped its recording (kept by f and used later)
+        raise NotRecordable("a stand-in sample was used after its recording")
+    return found
+
+
+class recording:  # noqa: N801  (a context manager, named as what it does)
+    """Make ``rec`` the current recorder and let public ops see stand-ins."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+
+    def __enter__(self) -> Recorder:
+        self.saved = getattr(_LOCAL, "recorder", None)
+        _LOCAL.recorder = self.rec
+        _dispatch.ACTIVE[0] += 1
+        return self.rec
+
+    def __exit__(self, *exc: Any) -> None:
+        _dispatch.ACTIVE[0] -= 1
+        _LOCAL.recorder = self.saved
+
+
+# ----- the sample stand-in -----------------------------------------------------------
+_SAMPLE_STATIC = frozenset(
+    {"layout", "dtype", "device", "ndim", "dim", "num_ragged", "is_nested", "ragged_dims"}
+)
+
+
+class SampleStandIn(Ragged):
+    """A sample of a nested value while ``f`` is recorded: a one-level ``Ragged`` whose
+    fields are the first example's; ``f`` may pass it to raggedfn ops and operators,
+    read its layout, dtype and device, nothing that depends on the sample's sizes."""
+
+    _examples: tuple[Ragged, Ragged]
+    _ref: Ref
+
+    @classmethod
+    def make(cls, examples: tuple[Ragged, Ragged], ref: Ref) -> SampleStandIn:
+        a = examples[0]
+        obj = cls._make(a.values, a.offsets, a.sizes, a.layout, a.row_offsets)
+        object.__setattr__(obj, "_examples", examples)
+        object.__setattr__(obj, "_ref", ref)
+        return obj  # type: ignore[return-value]
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("_") or name in _SAMPLE_STATIC or name == "make":
+            return object.__getattribute__(self, name)
+        recorder().fail(f"f reads the sample's {name!r}")
+
+    def __len__(self) -> int:
+        recorder().fail("f reads the sample's length (len)")
+
+    def __iter__(self) -> Any:
+        recorder().fail("f iterates over the sample's rows")
+
+    def __getitem__(self, index: Any) -> Any:
+        recorder().fail("f indexes the sample")
+
+    def __bool__(self) -> bool:
+        recorder().fail("f reads the sample as a bool")
+
+    def __repr__(self) -> str:
+        return f"SampleStandIn({self.layout})"
+
+    __raggedfn_function__: Callable[..., Any]
+
+
+class DenseStandIn(Tensor):
+    """A per-sample tensor while ``f`` is recorded: a tensor with the first example's
+    shape (its data is not read); torch functions on it are recorded."""
+
+    _examples: tuple[Tensor, Tensor]
+    _ref: Ref
+
+    @staticmethod
+    def make(examples: tuple[Tensor, Tensor], ref: Ref) -> DenseStandIn:
+        a = examples[0]
+        with torch._C.DisableTorchFunctionSubclass():
+            shell = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+        obj = Tensor._make_subclass(DenseStandIn, shell, False)
+        obj._examples = examples
+        obj._ref = ref
+        return obj
+
+    __raggedfn_function__: Callable[..., Any]
+    __torch_function__: Any
+
+
+# torch functions that read metadata which never follows the sample
+_STATIC_META = {
+    Tensor.dim,
+    Tensor.ndimension,
+    Tensor.is_floating_point,
+    Tensor.is_complex,
+    Tensor.element_size,
+    Tensor.get_device,
+    Tensor.ndim.__get__,  # type: ignore[attr-defined]
+    Tensor.dtype.__get__,  # type: ignore[attr-defined]
+    Tensor.device.__get__,  # type: ignore[attr-defined]
+    Tensor.layout.__get__,  # type: ignore[attr-defined]
+    Tensor.is_cuda.__get__,  # type: ignore[attr-defined]
+    Tensor.requires_grad.__get__,  # type: ignore[attr-defined]
+    Tensor.__repr__,
+    Tensor.__format__,
+}
+_SIZES = {Tensor.size, Tensor.shape.__get__}  # type: ignore[attr-defined]
+_WRITES = {Tensor.__setitem__, Tensor.requires_grad_, Tensor.retain_grad, Tensor.backward}
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def _example(value: Any, k: int) -> Any:
+    if isinstance(value, (SampleStandIn, DenseStandIn)):
+        return object.__getattribute__(value, "_examples")[k]
+    return value
+
+
+def _template(value: Any) -> Any:
+    if isinstance(value, (SampleStandIn, DenseStandIn)):
+        return object.__getattribute__(value, "_ref")
+    return value
+
+
+def _is_stand_in(value: Any) -> bool:
+    return isinstance(value, (SampleStandIn, DenseStandIn))
+
+
+def _wrap(rec: Recorder, fn: Any, results: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Stand-ins for ``fn``'s results on both examples, and the output template."""
+    flat_a, spec_a = pytree.tree_flatten(results[0], is_leaf=is_leaf)
+    flat_b, spec_b = pytree.tree_flatten(results[1], is_leaf=is_leaf)
+    if spec_a != spec_b:
+        rec.fail(f"{_name(fn)} returns a structure that follows the sample's sizes")
+    outs: list[Any] = []
+    for a, b in zip(flat_a, flat_b, strict=True):
+        if isinstance(a, Ragged) and isinstance(b, Ragged):
+            if a.layout != b.layout:
+                rec.fail(f"{_name(fn)} returns layouts that follow the sample's sizes")
+            outs.append(SampleStandIn.make((a, b), rec.new_ref()))
+        elif isinstance(a, Tensor) and isinstance(b, Tensor):
+            outs.append(DenseStandIn.make((a, b), rec.new_ref()))
+        elif a is None and b is None:
+            outs.append(None)
+        else:
+            rec.fail(f"{_name(fn)} returns {type(a).__name__}, not a tensor or Ragged")
+    out = pytree.tree_unflatten(outs, spec_a)
+    return out, pytree.tree_map(_template, out, is_leaf=is_leaf)
+
+
+def _record(
+    rec: Recorder, kind: str, fn: Any, run: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """Compute ``run`` on both examples and record a node (``fn`` with the templates)."""
+    results = []
+    for k in (0, 1):
+        args_k, kwargs_k = pytree.tree_map(
+            lambda v, k=k: _example(v, k), (args, kwargs), is_leaf=is_leaf
+        )
+        results.append(run(*args_k, **kwargs_k))
+    out, template = _wrap(rec, fn, (results[0], results[1]))
+    node_args, node_kwargs = pytree.tree_map(_template, (args, kwargs), is_leaf=is_leaf)
+    rec.nodes.append(Node(kind, fn, tuple(node_args), dict(node_kwargs), template))
+    return out
+
+
+def _torch_function(
+    cls: type, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+) -> Any:
+    kwargs = kwargs or {}
+    rec = recorder()
+    leaves = pytree.tree_leaves((args, kwargs), is_leaf=is_leaf)
+    if any(isinstance(v, SampleStandIn) for v in leaves):
+        return NotImplemented  # x * sample: Python tries the sample's reflected operator
+    if func in _STATIC_META:
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*pytree.tree_map(lambda v: _example(v, 0), args, is_leaf=is_leaf), **kwargs)
+    name = _name(func)
+    if func in _SIZES:
+        with torch._C.DisableTorchFunctionSubclass():
+            sizes = [func(*pytree.tree_map(lambda v, k=k: _example(v, k), args, is_leaf=is_leaf), **kwargs)
+                     for k in (0, 1)]
+        if sizes[0] != sizes[1]:
+            rec.fail(
+                f"f reads a size that follows the sample ({name} gives {tuple(sizes[0])} "
+                f"and {tuple(sizes[1])} for two samples)"
+            )
+        return sizes[0]
+    if func in _WRITES or "out" in kwargs or (name.endswith("_") and not name.endswith("__")):
+        rec.fail(f"f writes into a per-sample tensor ({name})")
+    if name.split(".")[-1].startswith("__i") and name.endswith("__"):  # x += y
+        rec.fail(f"f writes into a per-sample tensor ({name})")
+
+    def run(*a: Any, **k: Any) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*a, **k)
+
+    return _record(rec, "sample", func, run, args, kwargs)
+
+
+DenseStandIn.__torch_function__ = classmethod(_torch_function)  # type: ignore[assignment]
