@@ -60,7 +60,11 @@ def _map(
         if torch.compiler.is_compiling():
             raise fail("map", f"{reason}: not supported inside torch.compile")
 
-        def run_map(g: Any, g_args: tuple[Any, ...], g_dims: Any, part: MapReport) -> Any:
+        def run_map(g: Any, g_args: tuple[Any, ...], g_dims: Any, part: MapReport | None) -> Any:
+            if part is None:  # (a report reads the cold path)
+                out = _warm.call(g, g_args, g_dims, strict, randomness, chunk_elements)
+                if out is not _warm.MISS:
+                    return out
             return _map(g, g_args, g_dims, strict, randomness, part, chunk_elements)
 
         try:

@@ -10,10 +10,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from torch.utils import _pytree as pytree
 
 from ... import ops
-from ._stand_ins import DenseStandIn, SampleStandIn, _record, is_leaf, recorder
+from ._stand_ins import DenseStandIn, SampleStandIn, _record, recorder, tree_leaves, tree_map
 
 # ops without an axis argument: the same call on the batch
 _SAME = {
@@ -56,7 +55,7 @@ def handle(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``__raggedfn_function__`` of both stand-ins: record ``op(*args, **kwargs)``."""
     rec = recorder()
     name = op.__name__
-    leaves = pytree.tree_leaves((args, kwargs), is_leaf=is_leaf)
+    leaves = tree_leaves((args, kwargs))
     samples = any(isinstance(v, SampleStandIn) for v in leaves)
     if not samples:  # per-sample dense tensors only: the op is torch code per sample
         return _record(rec, "sample", op.__wrapped__, op.__wrapped__, args, kwargs)
@@ -68,8 +67,8 @@ def handle(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     out = _record(rec, "batch", op.__wrapped__, op.__wrapped__, args, kwargs)
     node = rec.nodes[-1]  # the batch node runs with the axes one level deeper
     rec.nodes[-1] = node._replace(
-        args=tuple(pytree.tree_map(_ref_of, batch_args, is_leaf=is_leaf)),
-        kwargs=dict(pytree.tree_map(_ref_of, batch_kwargs, is_leaf=is_leaf)),
+        args=tuple(tree_map(_ref_of, batch_args)),
+        kwargs=dict(tree_map(_ref_of, batch_kwargs)),
     )
     return out
 

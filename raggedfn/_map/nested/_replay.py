@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from ..._ragged import Ragged
-from ._stand_ins import Node, Ref
+from ._stand_ins import Node, Ref, tree_leaves, tree_map
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Segment:
             return value
 
         for node in self.nodes:
-            node_args, node_kwargs = pytree.tree_map(fill, (node.args, node.kwargs), is_leaf=_leaf)
+            node_args, node_kwargs = tree_map(fill, (node.args, node.kwargs))
             out = node.fn(*node_args, **node_kwargs)
             _bind(node.out, out, env)
         return tuple(env[ref] for ref in self.outputs)
@@ -96,7 +96,7 @@ def _segment(
         return value
 
     for node in nodes:
-        node_args, node_kwargs = pytree.tree_map(lift, (node.args, node.kwargs), is_leaf=_leaf)
+        node_args, node_kwargs = tree_map(lift, (node.args, node.kwargs))
         rewritten.append(node._replace(args=tuple(node_args), kwargs=dict(node_kwargs)))
         defined.update(r for r in pytree.tree_leaves(node.out, is_leaf=_leaf) if isinstance(r, Ref))
     outputs = tuple(sorted(defined & later))
@@ -104,7 +104,7 @@ def _segment(
 
 
 def _reads(node: Node) -> set[Ref]:
-    return {v for v in pytree.tree_leaves((node.args, node.kwargs), is_leaf=_leaf) if isinstance(v, Ref)}
+    return {v for v in tree_leaves((node.args, node.kwargs)) if isinstance(v, Ref)}
 
 
 def replay(
@@ -123,8 +123,8 @@ def replay(
     while i < len(nodes):
         node = nodes[i]
         if node.kind == "batch":
-            node_args, node_kwargs = pytree.tree_map(
-                lambda v: env[v] if isinstance(v, Ref) else v, (node.args, node.kwargs), is_leaf=_leaf
+            node_args, node_kwargs = tree_map(
+                lambda v: env[v] if isinstance(v, Ref) else v, (node.args, node.kwargs)
             )
             _bind(node.out, node.fn(*node_args, **node_kwargs), env)
             name = f"raggedfn.{node.fn.__name__}"
@@ -139,4 +139,4 @@ def replay(
         for ref, value in zip(segment.outputs, outs, strict=True):
             env[ref] = value
         i = end
-    return pytree.tree_map(lambda v: env[v] if isinstance(v, Ref) else v, output, is_leaf=_leaf)
+    return tree_map(lambda v: env[v] if isinstance(v, Ref) else v, output)

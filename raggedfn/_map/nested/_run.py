@@ -27,22 +27,38 @@ from ._stand_ins import (
 # two example documents of different sizes (sentences, tokens: an empty sentence too)
 _EXAMPLE_LENGTHS = ((3, 1), (2, 0, 4))
 
-RunMap = Callable[[Callable[..., Any], tuple[Any, ...], tuple[Any, ...], MapReport], Any]
+RunMap = Callable[[Callable[..., Any], tuple[Any, ...], tuple[Any, ...], MapReport | None], Any]
 
 
 class NotBatched(Exception):
     """Why the record cannot run (the per-sample loop runs)."""
 
 
+_EXAMPLES: dict[Any, tuple[Ragged, Ragged]] = {}
+
+
 def _examples(x: Ragged) -> tuple[Ragged, Ragged]:
-    """Two one-level samples with ``x``'s sample layout, dtype, device and dense shape."""
+    """Two one-level samples with ``x``'s sample layout, dtype, device and dense shape
+    (zeros, kept: they are immutable, and ops remember their index tensors)."""
+    dense = tuple(x.values.shape[1:])
+    key = (x.layout, x.values.dtype, x.values.device, dense)
+    found = _EXAMPLES.get(key)
+    if found is None:
+        if len(_EXAMPLES) >= 32:
+            _EXAMPLES.clear()
+        found = _EXAMPLES[key] = _make_examples(x, dense)
+    return found
+
+
+def _make_examples(x: Ragged, dense: tuple[int, ...]) -> tuple[Ragged, Ragged]:
     from ..._construct import from_list  # constructors sit beside the value layer
 
-    dense = x.values.shape[1:]
-    docs = [
-        [x.values.new_zeros((n, *dense)) for n in lengths] for lengths in _EXAMPLE_LENGTHS
-    ]
-    example = from_list(docs)
+    with torch.no_grad():
+        docs = [
+            [torch.zeros((n, *dense), dtype=x.dtype, device=x.device) for n in lengths]
+            for lengths in _EXAMPLE_LENGTHS
+        ]
+        example = from_list(docs)
     if example.layout != x.layout or x.layout.num_nested != 1:
         raise NotBatched(f"a nested value of layout {x.layout} (only r0 n1 d...)")
     return example[0], example[1]
@@ -111,8 +127,9 @@ def nested_map(
     parts: list[MapReport] = []
 
     def run_segment(segment: Segment, inputs: tuple[Any, ...], shared: list[Tensor]) -> Any:
-        part = MapReport()
-        parts.append(part)
+        part = None if report is None else MapReport()
+        if part is not None:
+            parts.append(part)
         dims = (0,) * len(inputs) + (None,) * len(shared)
         return run_map(segment, (*inputs, *shared), dims, part)
 

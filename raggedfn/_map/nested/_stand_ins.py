@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ... import _dispatch
@@ -40,6 +41,23 @@ class Ref:
     """A recorded value, by number (a pytree leaf, unlike a NamedTuple)."""
 
     id: int
+
+
+def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
+    """``fn`` on the leaves of nested tuples, lists and dicts (the arguments of an op;
+    torch's pytree would also open ``Ragged`` values and NamedTuples, and costs more)."""
+    kind = type(value)
+    if kind is tuple or kind is list:
+        return kind(tree_map(fn, v) for v in value)
+    if kind is dict:
+        return {k: tree_map(fn, v) for k, v in value.items()}
+    return fn(value)
+
+
+def tree_leaves(value: Any) -> list[Any]:
+    out: list[Any] = []
+    tree_map(out.append, value)
+    return out
 
 
 def is_leaf(value: Any) -> bool:
@@ -93,9 +111,12 @@ class recording:  # noqa: N801  (a context manager, named as what it does)
         self.saved = getattr(_LOCAL, "recorder", None)
         _LOCAL.recorder = self.rec
         _dispatch.ACTIVE[0] += 1
+        self.guard = ShapeGuard()
+        self.guard.__enter__()
         return self.rec
 
     def __exit__(self, *exc: Any) -> None:
+        self.guard.__exit__(*exc)
         _dispatch.ACTIVE[0] -= 1
         _LOCAL.recorder = self.saved
 
@@ -187,6 +208,57 @@ _SIZES = {Tensor.size, Tensor.shape.__get__}  # type: ignore[attr-defined]
 _WRITES = {Tensor.__setitem__, Tensor.requires_grad_, Tensor.retain_grad, Tensor.backward}
 
 
+class SampleShape(tuple):  # torch.Size cannot be subclassed
+    """A per-sample tensor's shape: the sizes that follow the sample (they differ between
+    the two examples) may not be read, only the others (``t.shape[-1]``)."""
+
+    _varying: tuple[bool, ...]
+
+    @staticmethod
+    def make(a: torch.Size, b: torch.Size) -> Any:
+        varying = tuple(x != y for x, y in zip(a, b, strict=True))
+        if not any(varying):
+            return a
+        shape = SampleShape(a)
+        shape._varying = varying
+        return shape
+
+    def _check(self, index: Any) -> None:
+        dims = range(len(self))[index]
+        for d in dims if isinstance(dims, range) else (dims,):
+            if self._varying[d]:
+                recorder().fail(f"f reads a size that follows the sample (t.shape[{d}])")
+
+    def __getitem__(self, index: Any) -> Any:
+        self._check(index)
+        if isinstance(index, slice):
+            return torch.Size(tuple(self)[index])
+        return tuple.__getitem__(self, index)
+
+    def __iter__(self) -> Any:
+        self._check(slice(None))
+        return tuple.__iter__(self)
+
+    def _refuse(self, *args: Any) -> Any:
+        recorder().fail("f reads the shape of a per-sample tensor whose sizes follow the sample")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _refuse
+    numel = __repr__ = _refuse  # type: ignore[assignment]
+
+
+class ShapeGuard(TorchFunctionMode):
+    """While recording: a torch function given a ``SampleShape`` reads its sizes."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, SampleShape) or (
+                isinstance(value, (list, tuple)) and any(isinstance(v, SampleShape) for v in value)
+            ):
+                recorder().fail(f"f passes a per-sample shape to {_name(func)}")
+        return func(*args, **kwargs)
+
+
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
@@ -235,12 +307,11 @@ def _record(
     """Compute ``run`` on both examples and record a node (``fn`` with the templates)."""
     results = []
     for k in (0, 1):
-        args_k, kwargs_k = pytree.tree_map(
-            lambda v, k=k: _example(v, k), (args, kwargs), is_leaf=is_leaf
-        )
-        results.append(run(*args_k, **kwargs_k))
+        args_k, kwargs_k = tree_map(lambda v, k=k: _example(v, k), (args, kwargs))
+        with torch._C.DisableTorchFunction():  # plain examples: no mode, no stand-in
+            results.append(run(*args_k, **kwargs_k))
     out, template = _wrap(rec, fn, (results[0], results[1]))
-    node_args, node_kwargs = pytree.tree_map(_template, (args, kwargs), is_leaf=is_leaf)
+    node_args, node_kwargs = tree_map(_template, (args, kwargs))
     rec.nodes.append(Node(kind, fn, tuple(node_args), dict(node_kwargs), template))
     return out
 
@@ -250,23 +321,24 @@ def _torch_function(
 ) -> Any:
     kwargs = kwargs or {}
     rec = recorder()
-    leaves = pytree.tree_leaves((args, kwargs), is_leaf=is_leaf)
+    leaves = tree_leaves((args, kwargs))
     if any(isinstance(v, SampleStandIn) for v in leaves):
         return NotImplemented  # x * sample: Python tries the sample's reflected operator
     if func in _STATIC_META:
         with torch._C.DisableTorchFunctionSubclass():
-            return func(*pytree.tree_map(lambda v: _example(v, 0), args, is_leaf=is_leaf), **kwargs)
+            return func(*tree_map(lambda v: _example(v, 0), args), **kwargs)
     name = _name(func)
     if func in _SIZES:
         with torch._C.DisableTorchFunctionSubclass():
-            sizes = [func(*pytree.tree_map(lambda v, k=k: _example(v, k), args, is_leaf=is_leaf), **kwargs)
-                     for k in (0, 1)]
-        if sizes[0] != sizes[1]:
-            rec.fail(
-                f"f reads a size that follows the sample ({name} gives {tuple(sizes[0])} "
-                f"and {tuple(sizes[1])} for two samples)"
-            )
-        return sizes[0]
+            sizes = [
+                func(*tree_map(lambda v, k=k: _example(v, k), args), **kwargs)
+                for k in (0, 1)
+            ]
+        if isinstance(sizes[0], int):  # t.size(d)
+            if sizes[0] != sizes[1]:
+                rec.fail(f"f reads a size that follows the sample (t.size({args[1:]})")
+            return sizes[0]
+        return SampleShape.make(sizes[0], sizes[1])
     if func in _WRITES or "out" in kwargs or (name.endswith("_") and not name.endswith("__")):
         rec.fail(f"f writes into a per-sample tensor ({name})")
     if name.split(".")[-1].startswith("__i") and name.endswith("__"):  # x += y
