@@ -172,15 +172,19 @@ class DenseStandIn(Tensor):
 
     _examples: tuple[Tensor, Tensor]
     _ref: Ref
+    _tainted: bool
 
     @staticmethod
-    def make(examples: tuple[Tensor, Tensor], ref: Ref) -> DenseStandIn:
+    def make(examples: tuple[Tensor, Tensor], ref: Ref, tainted: bool = False) -> DenseStandIn:
+        """``tainted``: its shape may follow the sample's data (``nonzero``, a mask index),
+        which the zero-filled examples do not show: every size follows the sample."""
         a = examples[0]
         with torch._C.DisableTorchFunctionSubclass():
             shell = torch.empty(a.shape, dtype=a.dtype, device=a.device)
         obj = Tensor._make_subclass(DenseStandIn, shell, False)
         obj._examples = examples
         obj._ref = ref
+        obj._tainted = tainted
         return obj
 
     __raggedfn_function__: Callable[..., Any]
@@ -204,6 +208,13 @@ _STATIC_META = {
     Tensor.__repr__,
     Tensor.__format__,
 }
+# functions whose result's shape follows the data
+_DATA_SHAPES = {
+    torch.nonzero, Tensor.nonzero, torch.masked_select, Tensor.masked_select,
+    torch.unique, Tensor.unique, torch.unique_consecutive, Tensor.unique_consecutive,
+    torch.argwhere, Tensor.argwhere, torch.repeat_interleave, Tensor.repeat_interleave,
+    torch.bincount, Tensor.bincount, torch.where, torch.Tensor.nonzero_static,
+}  # fmt: skip
 _SIZES = {Tensor.size, Tensor.shape.__get__}  # type: ignore[attr-defined]
 _WRITES = {Tensor.__setitem__, Tensor.requires_grad_, Tensor.retain_grad, Tensor.backward}
 
@@ -232,7 +243,7 @@ class SampleShape(tuple):  # torch.Size cannot be subclassed
     def __getitem__(self, index: Any) -> Any:
         self._check(index)
         if isinstance(index, slice):
-            return torch.Size(tuple(self)[index])
+            return torch.Size(tuple.__getitem__(self, index))
         return tuple.__getitem__(self, index)
 
     def __iter__(self) -> Any:
@@ -279,7 +290,9 @@ def _is_stand_in(value: Any) -> bool:
     return isinstance(value, (SampleStandIn, DenseStandIn))
 
 
-def _wrap(rec: Recorder, fn: Any, results: tuple[Any, Any]) -> tuple[Any, Any]:
+def _wrap(
+    rec: Recorder, fn: Any, results: tuple[Any, Any], tainted: bool
+) -> tuple[Any, Any]:
     """Stand-ins for ``fn``'s results on both examples, and the output template."""
     flat_a, spec_a = pytree.tree_flatten(results[0], is_leaf=is_leaf)
     flat_b, spec_b = pytree.tree_flatten(results[1], is_leaf=is_leaf)
@@ -292,7 +305,7 @@ def _wrap(rec: Recorder, fn: Any, results: tuple[Any, Any]) -> tuple[Any, Any]:
                 rec.fail(f"{_name(fn)} returns layouts that follow the sample's sizes")
             outs.append(SampleStandIn.make((a, b), rec.new_ref()))
         elif isinstance(a, Tensor) and isinstance(b, Tensor):
-            outs.append(DenseStandIn.make((a, b), rec.new_ref()))
+            outs.append(DenseStandIn.make((a, b), rec.new_ref(), tainted))
         elif a is None and b is None:
             outs.append(None)
         else:
@@ -302,7 +315,13 @@ def _wrap(rec: Recorder, fn: Any, results: tuple[Any, Any]) -> tuple[Any, Any]:
 
 
 def _record(
-    rec: Recorder, kind: str, fn: Any, run: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    rec: Recorder,
+    kind: str,
+    fn: Any,
+    run: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    tainted: bool = False,
 ) -> Any:
     """Compute ``run`` on both examples and record a node (``fn`` with the templates)."""
     results = []
@@ -310,7 +329,7 @@ def _record(
         args_k, kwargs_k = tree_map(lambda v, k=k: _example(v, k), (args, kwargs))
         with torch._C.DisableTorchFunction():  # plain examples: no mode, no stand-in
             results.append(run(*args_k, **kwargs_k))
-    out, template = _wrap(rec, fn, (results[0], results[1]))
+    out, template = _wrap(rec, fn, (results[0], results[1]), tainted)
     node_args, node_kwargs = tree_map(_template, (args, kwargs))
     rec.nodes.append(Node(kind, fn, tuple(node_args), dict(node_kwargs), template))
     return out
@@ -334,6 +353,8 @@ def _torch_function(
                 func(*tree_map(lambda v, k=k: _example(v, k), args), **kwargs)
                 for k in (0, 1)
             ]
+        if any(isinstance(v, DenseStandIn) and v._tainted for v in leaves):
+            rec.fail(f"f reads the shape of a tensor whose sizes follow the sample's data")
         if isinstance(sizes[0], int):  # t.size(d)
             if sizes[0] != sizes[1]:
                 rec.fail(f"f reads a size that follows the sample (t.size({args[1:]})")
@@ -348,7 +369,11 @@ def _torch_function(
         with torch._C.DisableTorchFunctionSubclass():
             return func(*a, **k)
 
-    return _record(rec, "sample", func, run, args, kwargs)
+    tainted = func in _DATA_SHAPES or any(
+        isinstance(v, DenseStandIn) and (v._tainted or (func is Tensor.__getitem__ and v.dtype == torch.bool))
+        for v in leaves
+    )
+    return _record(rec, "sample", func, run, args, kwargs, tainted)
 
 
 DenseStandIn.__torch_function__ = classmethod(_torch_function)  # type: ignore[assignment]
