@@ -68,7 +68,7 @@ def _map(
             return _map(g, g_args, g_dims, strict, randomness, part, chunk_elements)
 
         try:
-            return nested_map(f, leaves, kinds, treespec, run_map, report)
+            return nested_map(f, leaves, kinds, treespec, run_map, randomness, report)
         except NotBatched as error:
             reason = f"{reason}, not batched: {error}"
         return whole_loop(f, args, dims, batch_size, None, reason, strict, randomness, report, None)

@@ -17,7 +17,8 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from ..._ragged import Ragged
-from ._stand_ins import Node, Ref, tree_leaves, tree_map
+from ..._errors import RaggedError
+from ._stand_ins import Node, NotRecordable, Ref, tree_leaves, tree_map
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,11 @@ def replay(
             node_args, node_kwargs = tree_map(
                 lambda v: env[v] if isinstance(v, Ref) else v, (node.args, node.kwargs)
             )
-            _bind(node.out, node.fn(*node_args, **node_kwargs), env)
+            try:
+                result = node.fn(*node_args, **node_kwargs)
+            except RaggedError as error:  # the op refuses the nested batch: the loop's turn
+                raise NotRecordable(f"raggedfn.{node.fn.__name__} on the batch: {error}") from None
+            _bind(node.out, result, env)
             name = f"raggedfn.{node.fn.__name__}"
             batched[name] = batched.get(name, 0) + 1
             i += 1

@@ -118,10 +118,13 @@ def nested_map(
     kinds: list[str],
     treespec: Any,
     run_map: RunMap,
+    randomness: str,
     report: MapReport | None,
 ) -> Any:
     """``map(f, ...)`` over nested values, batched; raises ``NotBatched`` with the reason
     where the record cannot stand for ``f`` (nothing has run on the batch then)."""
+    if randomness != "different":  # one draw for all samples, or none: the loop's
+        raise NotBatched(f"randomness={randomness!r}")
     rec, env, output = record(f, leaves, kinds, treespec)
     batched: dict[str, int] = {}
     parts: list[MapReport] = []
