@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 
 from ..._ragged import Ragged
 from ..base._report import MapReport
-from . import _record_ops  # noqa: F401  (binds the stand-ins' handlers and operators)
+from . import _memo, _record_ops  # noqa: F401  (binds the stand-ins' handlers and operators)
 from ._replay import Segment, replay
 from ._stand_ins import (
     DenseStandIn,
@@ -86,11 +86,28 @@ def _stand_ins(
     return stand_ins, env
 
 
+def _memo_key(f: Callable[..., Any], leaves: list[Any], kinds: list[str]) -> Any:
+    """Which last record's example results a record of ``f`` may compare with: its code
+    and what decides the examples (reuse itself compares every op's arguments)."""
+    signature = []
+    for leaf, kind in zip(leaves, kinds, strict=True):
+        if kind == "ragged":
+            signature.append((leaf.layout, leaf.dtype, leaf.device, tuple(leaf.values.shape[1:])))
+        elif kind == "dense":
+            signature.append((tuple(leaf.shape[1:]), leaf.dtype, leaf.device))
+    code = getattr(f, "__code__", None) or type(f)
+    state = (torch.is_grad_enabled(), torch.get_default_dtype())
+    if torch._C._is_any_autocast_enabled():
+        return None
+    return (code, tuple(signature), state)
+
+
 def record(
     f: Callable[..., Any], leaves: list[Any], kinds: list[str], treespec: Any
 ) -> tuple[Recorder, dict[Ref, Any], Any]:
     """Run ``f`` once on stand-ins: its record, the batch's values by ref, its output."""
-    rec = Recorder()
+    key = _memo_key(f, leaves, kinds)
+    rec = Recorder(_memo.start(key))
     stand_ins, env = _stand_ins(leaves, kinds, rec)
     args = pytree.tree_unflatten(stand_ins, treespec)
     with recording(rec):
@@ -103,6 +120,7 @@ def record(
                 rec.failure = f"f raised {type(error).__name__} on a stand-in sample: {error}"
     if rec.failure is not None:
         raise NotBatched(rec.failure)
+    _memo.keep(key, rec.memo)
     flat, spec = pytree.tree_flatten(out, is_leaf=is_leaf)
     template = []
     for leaf in flat:

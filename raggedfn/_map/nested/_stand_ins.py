@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ... import _dispatch
+from . import _memo
 from ..._ragged import Ragged
 
 
@@ -48,10 +49,13 @@ def tree_map(fn: Callable[[Any], Any], value: Any) -> Any:
     torch's pytree would also open ``Ragged`` values and NamedTuples, and costs more)."""
     kind = type(value)
     if kind is tuple or kind is list:
-        return kind(tree_map(fn, v) for v in value)
+        return kind([tree_map(fn, v) if type(v) in _CONTAINERS else fn(v) for v in value])
     if kind is dict:
-        return {k: tree_map(fn, v) for k, v in value.items()}
+        return {k: tree_map(fn, v) if type(v) in _CONTAINERS else fn(v) for k, v in value.items()}
     return fn(value)
+
+
+_CONTAINERS = (tuple, list, dict)
 
 
 def tree_leaves(value: Any) -> list[Any]:
@@ -76,10 +80,12 @@ class Node(NamedTuple):
 class Recorder:
     """The ops recorded in one run of ``f`` on stand-ins."""
 
-    def __init__(self) -> None:
+    def __init__(self, previous: list[tuple[Any, Any]] | None = None) -> None:
         self.nodes: list[Node] = []
         self.count = 0
         self.failure: str | None = None
+        self.previous = previous  # the last record's example results (_memo.py)
+        self.memo: list[tuple[Any, Any]] = []
 
     def new_ref(self) -> Ref:
         self.count += 1
@@ -294,24 +300,57 @@ def _wrap(
     rec: Recorder, fn: Any, results: tuple[Any, Any], tainted: bool
 ) -> tuple[Any, Any]:
     """Stand-ins for ``fn``'s results on both examples, and the output template."""
-    flat_a, spec_a = pytree.tree_flatten(results[0], is_leaf=is_leaf)
-    flat_b, spec_b = pytree.tree_flatten(results[1], is_leaf=is_leaf)
+    a, b = results
+    if type(a) is Tensor and type(b) is Tensor:  # the common case, without pytree
+        out = DenseStandIn.make((a, b), rec.new_ref(), tainted)
+        return out, object.__getattribute__(out, "_ref")
+    if type(a) is Ragged and type(b) is Ragged and a.layout == b.layout:
+        out = SampleStandIn.make((a, b), rec.new_ref())
+        return out, object.__getattribute__(out, "_ref")
+    flat_a, spec_a = pytree.tree_flatten(a, is_leaf=is_leaf)
+    flat_b, spec_b = pytree.tree_flatten(b, is_leaf=is_leaf)
     if spec_a != spec_b:
         rec.fail(f"{_name(fn)} returns a structure that follows the sample's sizes")
     outs: list[Any] = []
-    for a, b in zip(flat_a, flat_b, strict=True):
-        if isinstance(a, Ragged) and isinstance(b, Ragged):
-            if a.layout != b.layout:
+    for one, two in zip(flat_a, flat_b, strict=True):
+        if isinstance(one, Ragged) and isinstance(two, Ragged):
+            if one.layout != two.layout:
                 rec.fail(f"{_name(fn)} returns layouts that follow the sample's sizes")
-            outs.append(SampleStandIn.make((a, b), rec.new_ref()))
-        elif isinstance(a, Tensor) and isinstance(b, Tensor):
-            outs.append(DenseStandIn.make((a, b), rec.new_ref(), tainted))
-        elif a is None and b is None:
+            outs.append(SampleStandIn.make((one, two), rec.new_ref()))
+        elif isinstance(one, Tensor) and isinstance(two, Tensor):
+            outs.append(DenseStandIn.make((one, two), rec.new_ref(), tainted))
+        elif one is None and two is None:
             outs.append(None)
         else:
-            rec.fail(f"{_name(fn)} returns {type(a).__name__}, not a tensor or Ragged")
+            rec.fail(f"{_name(fn)} returns {type(one).__name__}, not a tensor or Ragged")
     out = pytree.tree_unflatten(outs, spec_a)
     return out, pytree.tree_map(_template, out, is_leaf=is_leaf)
+
+
+def _ref_or_none(value: Any) -> Any:
+    if isinstance(value, (SampleStandIn, DenseStandIn)):
+        return object.__getattribute__(value, "_ref")
+    return None
+
+
+def _remembered(rec: Recorder, fn: Any, args: Any, kwargs: Any) -> Any:
+    """The last record's example results of this op, where everything so far matched."""
+    try:
+        key: Any = (fn, tree_map(lambda v: _memo.leaf_key(v, _ref_or_none), (args, kwargs)))
+    except _memo.NoKey:
+        key = None
+    position = len(rec.memo)
+    rec.memo.append((key, None))
+    previous = rec.previous
+    if previous is None or key is None or position >= len(previous):
+        rec.previous = None
+        return None
+    last_key, results = previous[position]
+    if results is None or last_key != key:
+        rec.previous = None  # f went another way: examples from here on are computed
+        return None
+    rec.memo[-1] = (key, results)
+    return results
 
 
 def _record(
@@ -324,11 +363,17 @@ def _record(
     tainted: bool = False,
 ) -> Any:
     """Compute ``run`` on both examples and record a node (``fn`` with the templates)."""
-    results = []
-    for k in (0, 1):
-        args_k, kwargs_k = tree_map(lambda v, k=k: _example(v, k), (args, kwargs))
-        with torch._C.DisableTorchFunction():  # plain examples: no mode, no stand-in
-            results.append(run(*args_k, **kwargs_k))
+    results = _remembered(rec, fn, args, kwargs)
+    if results is None:
+        results = []
+        for k in (0, 1):
+            args_k, kwargs_k = tree_map(lambda v, k=k: _example(v, k), (args, kwargs))
+            with torch._C.DisableTorchFunction():  # plain examples: no mode, no stand-in
+                results.append(run(*args_k, **kwargs_k))
+        if rec.memo and rec.memo[-1][0] is not None and not _memo.requires_grad(results):
+            rec.memo[-1] = (rec.memo[-1][0], results)
+        else:
+            rec.memo[-1] = (None, None)
     out, template = _wrap(rec, fn, (results[0], results[1]), tainted)
     node_args, node_kwargs = tree_map(_template, (args, kwargs))
     rec.nodes.append(Node(kind, fn, tuple(node_args), dict(node_kwargs), template))
