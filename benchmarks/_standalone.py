@@ -49,6 +49,7 @@ def rotated_rounds(
             seconds = runs[name]()
             if r:
                 times[name].append(seconds)
+
     def over(mine: list[float], name: str) -> dict[str, float]:
         return {
             n: statistics.median(a / b for a, b in zip(mine, t, strict=True))

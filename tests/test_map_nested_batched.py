@@ -26,7 +26,8 @@ def _documents(shape: list[list[int]], seed: int = 0) -> raggedfn.Ragged:
     """Tokens per sentence of every document -> a nested value ``(B, S*, L*, D)``."""
     gen = torch.Generator().manual_seed(seed)
     values = torch.randn(sum(map(sum, shape)), D, generator=gen, dtype=torch.float64)
-    return raggedfn.from_nested_lengths(values, [[len(d) for d in shape], sum(shape, [])])
+    rows = [n for doc in shape for n in doc]
+    return raggedfn.from_nested_lengths(values, [[len(d) for d in shape], rows])
 
 
 SHAPES = {
@@ -219,7 +220,9 @@ def test_what_a_batched_run_cannot_stand_for_runs_the_loop_and_says_why(
         warnings.simplefilter("ignore", raggedfn.RaggedPerformanceWarning)
         got = raggedfn.map(f, x)
     expected = _loop(f, x)
-    _assert_samples(got, [e if isinstance(e, raggedfn.Ragged) else torch.as_tensor(e) for e in expected])
+    _assert_samples(
+        got, [e if isinstance(e, raggedfn.Ragged) else torch.as_tensor(e) for e in expected]
+    )
 
 
 def test_static_sizes_of_per_sample_tensors_may_be_read() -> None:

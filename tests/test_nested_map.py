@@ -9,10 +9,9 @@ a value with one nested level more, each checked against the loop either way.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
-
-import warnings
 
 import pytest
 import torch

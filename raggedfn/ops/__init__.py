@@ -100,7 +100,7 @@ __all__ = [
 ]
 
 # every public op hands calls with a stand-in argument to its handler (_dispatch.py)
-from .._dispatch import dispatching as _dispatching  # noqa: E402
+from .._dispatch import dispatching as _dispatching
 
 for _name in __all__:
     if _name not in ("dynamic_shapes", "mark_dynamic"):

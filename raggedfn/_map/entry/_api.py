@@ -23,11 +23,11 @@ from ..caching._groups import (
     whole_loop,
 )
 from ..caching._lookup import lookup, prepare
+from ..nested._run import NotBatched, nested_map
 from ..running._chunked import run_chunked
 from ..running._chunks import check_chunk_elements
 from ..running._fallback import function_loop
 from ..running._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
-from ..nested._run import NotBatched, nested_map
 from ..running._split import empty_result
 from ..tracing._trace import tracing
 from ._compiled import EAGER, compiled_map

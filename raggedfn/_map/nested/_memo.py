@@ -21,10 +21,11 @@ from torch import Tensor
 
 from ..._ragged import Ragged
 
-_PLAIN = (int, float, bool, str, type(None), type(Ellipsis), slice, torch.dtype, torch.device)
-_PLAIN += (torch.layout, torch.memory_format, enum.Enum)
-_CALLABLE = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType)
-_CALLABLE += (types.WrapperDescriptorType, types.MethodWrapperType, torch._ops.OpOverload)
+_PLAIN: tuple[type, ...] = (int, float, bool, str, type(None), type(Ellipsis), slice)
+_PLAIN += (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum)
+_CALLABLE: tuple[type, ...] = (types.FunctionType, types.BuiltinFunctionType)
+_CALLABLE += (types.MethodDescriptorType, types.WrapperDescriptorType, types.MethodWrapperType)
+_CALLABLE += (torch._ops.OpOverload,)
 
 MAX_ENTRIES = 32
 _LAST: dict[Any, list[tuple[Any, Any]]] = {}

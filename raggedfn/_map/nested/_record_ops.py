@@ -10,7 +10,6 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-
 from ... import ops
 from ._stand_ins import DenseStandIn, SampleStandIn, _record, recorder, tree_leaves, tree_map
 

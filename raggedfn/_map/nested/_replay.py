@@ -16,8 +16,8 @@ from typing import Any
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from ..._ragged import Ragged
 from ..._errors import RaggedError
+from ..._ragged import Ragged
 from ._stand_ins import Node, NotRecordable, Ref, tree_leaves, tree_map
 
 
@@ -74,9 +74,7 @@ def _is_ref(value: Any) -> bool:
     return isinstance(value, Ref)
 
 
-def _segment(
-    nodes: list[Node], later: set[Ref]
-) -> tuple[Segment, tuple[Ref, ...], list[Tensor]]:
+def _segment(nodes: list[Node], later: set[Ref]) -> tuple[Segment, tuple[Ref, ...], list[Tensor]]:
     """The segment of ``nodes``, the refs it reads from outside and its shared tensors."""
     defined: set[Ref] = set()
     inputs: list[Ref] = []

@@ -89,7 +89,7 @@ def _stand_ins(
 def _memo_key(f: Callable[..., Any], leaves: list[Any], kinds: list[str]) -> Any:
     """Which last record's example results a record of ``f`` may compare with: its code
     and what decides the examples (reuse itself compares every op's arguments)."""
-    signature = []
+    signature: list[Any] = []
     for leaf, kind in zip(leaves, kinds, strict=True):
         if kind == "ragged":
             signature.append((leaf.layout, leaf.dtype, leaf.device, tuple(leaf.values.shape[1:])))
@@ -115,7 +115,7 @@ def record(
             out = f(*args)
         except NotRecordable:
             pass
-        except Exception as error:  # noqa: BLE001  (the loop raises it for the real sample)
+        except Exception as error:
             if rec.failure is None:
                 rec.failure = f"f raised {type(error).__name__} on a stand-in sample: {error}"
     if rec.failure is not None:

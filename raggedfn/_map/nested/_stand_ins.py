@@ -18,6 +18,7 @@ per-sample loop and says why.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
@@ -28,8 +29,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ... import _dispatch
-from . import _memo
 from ..._ragged import Ragged
+from . import _memo
 
 
 class NotRecordable(BaseException):
@@ -107,7 +108,7 @@ def recorder() -> Recorder:
     return found
 
 
-class recording:  # noqa: N801  (a context manager, named as what it does)
+class recording:
     """Make ``rec`` the current recorder and let public ops see stand-ins."""
 
     def __init__(self, rec: Recorder) -> None:
@@ -296,17 +297,15 @@ def _is_stand_in(value: Any) -> bool:
     return isinstance(value, (SampleStandIn, DenseStandIn))
 
 
-def _wrap(
-    rec: Recorder, fn: Any, results: tuple[Any, Any], tainted: bool
-) -> tuple[Any, Any]:
+def _wrap(rec: Recorder, fn: Any, results: tuple[Any, Any], tainted: bool) -> tuple[Any, Any]:
     """Stand-ins for ``fn``'s results on both examples, and the output template."""
     a, b = results
     if type(a) is Tensor and type(b) is Tensor:  # the common case, without pytree
-        out = DenseStandIn.make((a, b), rec.new_ref(), tainted)
-        return out, object.__getattribute__(out, "_ref")
+        dense = DenseStandIn.make((a, b), rec.new_ref(), tainted)
+        return dense, object.__getattribute__(dense, "_ref")
     if type(a) is Ragged and type(b) is Ragged and a.layout == b.layout:
-        out = SampleStandIn.make((a, b), rec.new_ref())
-        return out, object.__getattribute__(out, "_ref")
+        sample = SampleStandIn.make((a, b), rec.new_ref())
+        return sample, object.__getattribute__(sample, "_ref")
     flat_a, spec_a = pytree.tree_flatten(a, is_leaf=is_leaf)
     flat_b, spec_b = pytree.tree_flatten(b, is_leaf=is_leaf)
     if spec_a != spec_b:
@@ -367,7 +366,7 @@ def _record(
     if results is None:
         results = []
         for k in (0, 1):
-            args_k, kwargs_k = tree_map(lambda v, k=k: _example(v, k), (args, kwargs))
+            args_k, kwargs_k = tree_map(functools.partial(_example, k=k), (args, kwargs))
             with torch._C.DisableTorchFunction():  # plain examples: no mode, no stand-in
                 results.append(run(*args_k, **kwargs_k))
         if rec.memo and rec.memo[-1][0] is not None and not _memo.requires_grad(results):
@@ -395,11 +394,10 @@ def _torch_function(
     if func in _SIZES:
         with torch._C.DisableTorchFunctionSubclass():
             sizes = [
-                func(*tree_map(lambda v, k=k: _example(v, k), args), **kwargs)
-                for k in (0, 1)
+                func(*tree_map(functools.partial(_example, k=k), args), **kwargs) for k in (0, 1)
             ]
         if any(isinstance(v, DenseStandIn) and v._tainted for v in leaves):
-            rec.fail(f"f reads the shape of a tensor whose sizes follow the sample's data")
+            rec.fail("f reads the shape of a tensor whose sizes follow the sample's data")
         if isinstance(sizes[0], int):  # t.size(d)
             if sizes[0] != sizes[1]:
                 rec.fail(f"f reads a size that follows the sample (t.size({args[1:]})")
@@ -415,7 +413,8 @@ def _torch_function(
             return func(*a, **k)
 
     tainted = func in _DATA_SHAPES or any(
-        isinstance(v, DenseStandIn) and (v._tainted or (func is Tensor.__getitem__ and v.dtype == torch.bool))
+        isinstance(v, DenseStandIn)
+        and (v._tainted or (func is Tensor.__getitem__ and v.dtype == torch.bool))
         for v in leaves
     )
     return _record(rec, "sample", func, run, args, kwargs, tainted)
