@@ -203,6 +203,10 @@ FALLBACKS: dict[str, tuple[Callable[[raggedfn.Ragged], Any], str]] = {
         "a sample and a per-sample dense tensor",
     ),
     "python-number": (lambda doc: 1.0, "f returns float"),
+    "autograd-state": (
+        lambda doc: raggedfn.sum(doc, 1) * raggedfn.sum(doc, 1).requires_grad,
+        "f reads the autograd state of a per-sample tensor",
+    ),
 }
 
 

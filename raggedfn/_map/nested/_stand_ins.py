@@ -211,7 +211,6 @@ _STATIC_META = {
     Tensor.device.__get__,  # type: ignore[attr-defined]
     Tensor.layout.__get__,  # type: ignore[attr-defined]
     Tensor.is_cuda.__get__,  # type: ignore[attr-defined]
-    Tensor.requires_grad.__get__,  # type: ignore[attr-defined]
     Tensor.__repr__,
     Tensor.__format__,
 }
@@ -223,6 +222,13 @@ _DATA_SHAPES = {
     torch.bincount, Tensor.bincount, torch.where, torch.Tensor.nonzero_static,
 }  # fmt: skip
 _SIZES = {Tensor.size, Tensor.shape.__get__}  # type: ignore[attr-defined]
+# autograd state: the examples are computed without autograd, so it is not known
+_AUTOGRAD = {
+    Tensor.requires_grad.__get__,  # type: ignore[attr-defined]
+    Tensor.grad_fn.__get__,  # type: ignore[attr-defined]
+    Tensor.is_leaf.__get__,  # type: ignore[attr-defined]
+    Tensor.grad.__get__,  # type: ignore[attr-defined]
+}
 _WRITES = {Tensor.__setitem__, Tensor.requires_grad_, Tensor.retain_grad, Tensor.backward}
 
 
@@ -367,7 +373,9 @@ def _record(
         results = []
         for k in (0, 1):
             args_k, kwargs_k = tree_map(functools.partial(_example, k=k), (args, kwargs))
-            with torch._C.DisableTorchFunction():  # plain examples: no mode, no stand-in
+            # plain examples (no mode, no stand-in), without autograd: only their types
+            # and shapes matter (so f may not read a stand-in's requires_grad)
+            with torch._C.DisableTorchFunction(), torch.no_grad():
                 results.append(run(*args_k, **kwargs_k))
         if rec.memo and rec.memo[-1][0] is not None and not _memo.requires_grad(results):
             rec.memo[-1] = (rec.memo[-1][0], results)
@@ -391,6 +399,8 @@ def _torch_function(
         with torch._C.DisableTorchFunctionSubclass():
             return func(*tree_map(lambda v: _example(v, 0), args), **kwargs)
     name = _name(func)
+    if func in _AUTOGRAD:
+        rec.fail(f"f reads the autograd state of a per-sample tensor ({name})")
     if func in _SIZES:
         with torch._C.DisableTorchFunctionSubclass():
             sizes = [
