@@ -269,3 +269,24 @@ def test_under_torch_compile_it_still_refuses_clearly() -> None:
 
     with pytest.raises(Exception, match="nested value"):
         g(x.values)
+
+
+def test_a_warm_call_that_goes_another_way_is_recorded_afresh() -> None:
+    """The last record's example results are reused only while ops and argument shapes
+    match: a different branch, or a weight of another shape, computes them again."""
+    x = _documents(SHAPES["mixed"])
+    state = {"pool": True}
+
+    def f(doc: raggedfn.Ragged, w: torch.Tensor) -> torch.Tensor:
+        h = raggedfn.linear(doc, w)
+        if state["pool"]:
+            return raggedfn.sum(raggedfn.softmax(h, 1) * h, 1).sum(0)
+        s = raggedfn.sum(h, 1)  # (S, E): its width is read (a stale example's would be wrong)
+        return s.reshape(-1, s.shape[-1]).sum(0) * s.shape[-1]
+
+    for pool, width in ((True, D), (True, D), (False, D), (True, 3), (False, 5)):
+        state["pool"] = pool
+        w = torch.randn(width, D, dtype=torch.float64)
+        report = raggedfn.map_report(f, x, w, in_dims=(0, None))
+        assert report.fully_batched
+        _assert_samples(report.output, _loop(f, x, w))
