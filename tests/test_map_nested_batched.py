@@ -203,6 +203,10 @@ FALLBACKS: dict[str, tuple[Callable[[raggedfn.Ragged], Any], str]] = {
         "a sample and a per-sample dense tensor",
     ),
     "python-number": (lambda doc: 1.0, "f returns float"),
+    "map-inside-f": (
+        lambda doc: raggedfn.map(lambda t: t.sum(0), doc),
+        "f calls raggedfn.map on a value of the sample",
+    ),
     "autograd-state": (
         lambda doc: raggedfn.sum(doc, 1) * raggedfn.sum(doc, 1).requires_grad,
         "f reads the autograd state of a per-sample tensor",
@@ -290,3 +294,34 @@ def test_a_warm_call_that_goes_another_way_is_recorded_afresh() -> None:
         report = raggedfn.map_report(f, x, w, in_dims=(0, None))
         assert report.fully_batched
         _assert_samples(report.output, _loop(f, x, w))
+
+
+class _Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = torch.nn.Linear(D, D, dtype=torch.float64)
+        self.sentence = torch.nn.Linear(D, D, dtype=torch.float64)
+
+    def forward(self, doc: raggedfn.Ragged, label: torch.Tensor) -> torch.Tensor:
+        h = raggedfn.linear(doc, self.token.weight, self.token.bias)  # a module's weights
+        return self.sentence(raggedfn.sum(h, 1)).sum(0) * label  # label: this document's
+
+
+def test_a_module_two_nested_arguments_and_a_mapped_dense_argument() -> None:
+    torch.manual_seed(0)
+    x = _documents(SHAPES["mixed"])
+    y = x.with_values(torch.randn_like(x.values))
+    labels = torch.randn(x.batch_size, D, dtype=torch.float64)
+    encoder = _Encoder()
+    report = raggedfn.map_report(encoder, x, labels)
+    assert report.fully_batched
+    expected = [encoder(x[i], labels[i]) for i in range(x.batch_size)]
+    torch.testing.assert_close(report.output, torch.stack(expected))
+
+    def mixed(a: raggedfn.Ragged, b: raggedfn.Ragged) -> torch.Tensor:
+        return raggedfn.sum(raggedfn.where(a > 0, a, b * 2.0), 1).sum(0)
+
+    report = raggedfn.map_report(mixed, x, y)
+    assert report.fully_batched
+    expected = [mixed(x[i], y[i]) for i in range(x.batch_size)]
+    torch.testing.assert_close(report.output, torch.stack(expected))

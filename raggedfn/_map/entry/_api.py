@@ -24,6 +24,7 @@ from ..caching._groups import (
 )
 from ..caching._lookup import lookup, prepare
 from ..nested._run import NotBatched, nested_map
+from ..nested._stand_ins import refuse_stand_ins
 from ..running._chunked import run_chunked
 from ..running._chunks import check_chunk_elements
 from ..running._fallback import function_loop
@@ -48,6 +49,7 @@ def _map(
     chunk_elements = check_chunk_elements(chunk_elements)
     if randomness not in _RANDOMNESS:
         raise fail("map", f"randomness must be one of {_RANDOMNESS}, got {randomness!r}")
+    refuse_stand_ins(args)
     if tracing():
         # raggedfn.map inside a function being traced for raggedfn.map: the outer
         # trace fails and the outer call runs per sample, where this call is ordinary

@@ -431,3 +431,12 @@ def _torch_function(
 
 
 DenseStandIn.__torch_function__ = classmethod(_torch_function)  # type: ignore[assignment]
+
+
+def refuse_stand_ins(args: Any) -> None:
+    """``raggedfn.map`` inside ``f`` given a stand-in: the loop's (as one-level map)."""
+    if _dispatch.ACTIVE[0] and any(
+        isinstance(v, (SampleStandIn, DenseStandIn))
+        for v in pytree.tree_leaves(args, is_leaf=is_leaf)
+    ):
+        recorder().fail("f calls raggedfn.map on a value of the sample (a map inside f)")
