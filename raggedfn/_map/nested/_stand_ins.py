@@ -224,10 +224,7 @@ _DATA_SHAPES = {
 _SIZES = {Tensor.size, Tensor.shape.__get__}  # type: ignore[attr-defined]
 # autograd state: the examples are computed without autograd, so it is not known
 _AUTOGRAD = {
-    Tensor.requires_grad.__get__,  # type: ignore[attr-defined]
-    Tensor.grad_fn.__get__,  # type: ignore[attr-defined]
-    Tensor.is_leaf.__get__,  # type: ignore[attr-defined]
-    Tensor.grad.__get__,  # type: ignore[attr-defined]
+    getattr(Tensor, name).__get__ for name in ("requires_grad", "grad_fn", "is_leaf", "grad")
 }
 _WRITES = {Tensor.__setitem__, Tensor.requires_grad_, Tensor.retain_grad, Tensor.backward}
 
