@@ -193,7 +193,10 @@ def map(
     (a :class:`RaggedPerformanceWarning` says so; see ``map_report``).
 
     Args:
-        f: a function of per-sample tensors (ordinary torch code).
+        f: a function of per-sample tensors (ordinary torch code). Over a nested
+            value each sample is a one-level ``Ragged`` (a document's sentences of
+            tokens), on which ``f`` may use raggedfn ops, and torch on their dense
+            results (docs/map.md, "Nested values").
         *args: ``Ragged`` values and ``[B, ...]`` tensors (mapped) and shared
             values such as parameters (with ``in_dims`` None).
         in_dims: 0 (mapped) or None (shared), one for all or one per argument.
