@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import raggedfn
 from raggedfn._map.nested._replay import Segment
@@ -325,3 +327,25 @@ def test_a_module_two_nested_arguments_and_a_mapped_dense_argument() -> None:
     assert report.fully_batched
     expected = [mixed(x[i], y[i]) for i in range(x.batch_size)]
     torch.testing.assert_close(report.output, torch.stack(expected))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=st.lists(st.lists(st.integers(0, 4), max_size=4), min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_random_documents_equal_the_loop_in_values_and_gradients(
+    shape: list[list[int]], seed: int
+) -> None:
+    x, p = _documents(shape, seed), _params(seed)
+
+    def batched(p: Params) -> torch.Tensor:
+        return _loss(raggedfn.map(encode, x, p, in_dims=(0, None)))
+
+    def loop(p: Params) -> torch.Tensor:
+        return _loss(_stack(_loop(encode, x, p)))
+
+    torch.testing.assert_close(batched(p), loop(p))
+    got, expected = torch.func.grad(batched)(p), torch.func.grad(loop)(p)
+    for name in p:
+        torch.testing.assert_close(got[name], expected[name], msg=name)
