@@ -29,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ... import _dispatch
+from ..._errors import fail
 from ..._ragged import Ragged
 from . import _memo
 
@@ -104,7 +105,7 @@ _LOCAL = threading.local()
 def recorder() -> Recorder:
     found: Recorder | None = getattr(_LOCAL, "recorder", None)
     if found is None:  # a stand-in escaped its recording (kept by f and used later)
-        raise NotRecordable("a stand-in sample was used after its recording")
+        raise fail("map", "a stand-in sample of a map over a nested value was used after the map")
     return found
 
 
