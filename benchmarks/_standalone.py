@@ -28,14 +28,18 @@ def header(module: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def rotated_rounds(
-    runs: dict[str, Callable[[], float]], rounds: int, ours: str = "raggedfn"
+    runs: dict[str, Callable[[], float]],
+    rounds: int,
+    ours: str = "raggedfn",
+    also: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Time every system once per round, in an order rotated from round to round and
     reversed every other round, so that no system always runs first or right after the
     same other one (round 0 warms up). ``runs[name]()`` returns the seconds of one call.
 
     Returns:
-        ``{"median_ms": {name: ms}, "raggedfn_over": {other: median per-round ratio}}``.
+        ``{"median_ms": {name: ms}, "raggedfn_over": {other: median per-round ratio}}``,
+        and ``"<name>_over"`` alike for each name in ``also``.
     """
     names = list(runs)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -45,14 +49,18 @@ def rotated_rounds(
             seconds = runs[name]()
             if r:
                 times[name].append(seconds)
-    mine = times[ours]
-    return {
-        "median_ms": {n: 1e3 * statistics.median(t) for n, t in times.items()},
-        "raggedfn_over": {
+
+    def over(mine: list[float], name: str) -> dict[str, float]:
+        return {
             n: statistics.median(a / b for a, b in zip(mine, t, strict=True))
             for n, t in times.items()
-            if n != ours
-        },
+            if n != name
+        }
+
+    return {
+        "median_ms": {n: 1e3 * statistics.median(t) for n, t in times.items()},
+        "raggedfn_over": over(times[ours], ours),
+        **{f"{name}_over": over(times[name], name) for name in also},
     }
 
 

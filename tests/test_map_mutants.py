@@ -130,17 +130,20 @@ def test_a_nested_value_runs_per_sample_says_why_and_strict_refuses():
     x = _documents()
 
     def f(sample):
-        return raggedfn.sum(sample, 1)
+        return raggedfn.sum(sample, 1) * len(sample)  # a size of the sample: not batched
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RaggedPerformanceWarning)
         report = raggedfn.map_report(f, x)
-    assert report.whole_loop == "f maps over a nested value (its samples are Ragged values)"
+    assert report.whole_loop == (
+        "f maps over a nested value (its samples are Ragged values), not batched: "
+        "f reads the sample's length (len)"
+    )
     assert_same(report.output, [f(x[i]) for i in range(x.batch_size)])
     with pytest.raises(
         raggedfn.RaggedError,
-        match=r"^map: f maps over a nested value \(its samples are Ragged values\); "
-        r"strict=True refuses the per-sample loop",
+        match=r"^map: f maps over a nested value \(its samples are Ragged values\), not "
+        r"batched: f reads the sample's length \(len\); strict=True refuses the per-sample loop",
     ):
         raggedfn.map(f, x, strict=True)
 

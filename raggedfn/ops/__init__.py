@@ -98,3 +98,11 @@ __all__ = [
     "dynamic_shapes",
     "mark_dynamic",
 ]
+
+# every public op hands calls with a stand-in argument to its handler (_dispatch.py)
+from .._dispatch import dispatching as _dispatching
+
+for _name in __all__:
+    if _name not in ("dynamic_shapes", "mark_dynamic"):
+        globals()[_name] = _dispatching(globals()[_name])
+del _name

@@ -23,6 +23,8 @@ from ..caching._groups import (
     whole_loop,
 )
 from ..caching._lookup import lookup, prepare
+from ..nested._run import NotBatched, nested_map
+from ..nested._stand_ins import refuse_stand_ins
 from ..running._chunked import run_chunked
 from ..running._chunks import check_chunk_elements
 from ..running._fallback import function_loop
@@ -47,6 +49,7 @@ def _map(
     chunk_elements = check_chunk_elements(chunk_elements)
     if randomness not in _RANDOMNESS:
         raise fail("map", f"randomness must be one of {_RANDOMNESS}, got {randomness!r}")
+    refuse_stand_ins(args)
     if tracing():
         # raggedfn.map inside a function being traced for raggedfn.map: the outer
         # trace fails and the outer call runs per sample, where this call is ordinary
@@ -58,6 +61,18 @@ def _map(
         reason = "f maps over a nested value (its samples are Ragged values)"
         if torch.compiler.is_compiling():
             raise fail("map", f"{reason}: not supported inside torch.compile")
+
+        def run_map(g: Any, g_args: tuple[Any, ...], g_dims: Any, part: MapReport | None) -> Any:
+            if part is None:  # (a report reads the cold path)
+                out = _warm.call(g, g_args, g_dims, strict, randomness, chunk_elements)
+                if out is not _warm.MISS:
+                    return out
+            return _map(g, g_args, g_dims, strict, randomness, part, chunk_elements)
+
+        try:
+            return nested_map(f, leaves, kinds, treespec, run_map, randomness, report)
+        except NotBatched as error:
+            reason = f"{reason}, not batched: {error}"
         return whole_loop(f, args, dims, batch_size, None, reason, strict, randomness, report, None)
     if torch.compiler.is_compiling():
         out = compiled_map(f, args, leaves, kinds, treespec, dims, batch_size, randomness)
@@ -178,7 +193,10 @@ def map(
     (a :class:`RaggedPerformanceWarning` says so; see ``map_report``).
 
     Args:
-        f: a function of per-sample tensors (ordinary torch code).
+        f: a function of per-sample tensors (ordinary torch code). Over a nested
+            value each sample is a one-level ``Ragged`` (a document's sentences of
+            tokens), on which ``f`` may use raggedfn ops, and torch on their dense
+            results (docs/map.md, "Nested values").
         *args: ``Ragged`` values and ``[B, ...]`` tensors (mapped) and shared
             values such as parameters (with ``in_dims`` None).
         in_dims: 0 (mapped) or None (shared), one for all or one per argument.
