@@ -261,4 +261,3 @@ def _bound(memo: collections.OrderedDict[Any, Any]) -> None:
 
 
 __all__ = ["ENABLED", "LazyPairB", "active", "classify", "forced", "lazy_steps", "outside"]
-

@@ -14,10 +14,10 @@ from torch import Tensor
 
 from ..._errors import RaggedPerformanceWarning, fail
 from .. import rules  # noqa: F401  (importing the rules registers them)
-from ..rules import _lazy_pairs
 from ..base._sizes import Sz, Unsupported, product_key
 from ..base._steps import Plan, Ref, Step, refs
 from ..base._values import BATCHED, Ctx, DenseB, RaggedB, Struct, SymB
+from ..rules import _lazy_pairs
 from ..tracing._dynamo_reads import static
 from . import _blocks
 from ._blocks import blocks, run_block
