@@ -367,6 +367,12 @@ def _lazy(
         or len(shape_q) not in (3, 4)
     ):
         return None
+    spec = mask.step.out.shape  # its last two axes must be the queries' and the keys'
+    lq, lk = shape_q[-2], logical(k)[-2]
+    if len(spec) > len(shape_q) or any(
+        not isinstance(s, Sz) or s.key != want.key for s, want in ((spec[-2], lq), (spec[-1], lk))
+    ):
+        return None
     kinds = classify(mask)
     flags = [kind if isinstance(kind, frozenset) else frozenset() for kind in kinds]
     common = frozenset.intersection(*flags)
