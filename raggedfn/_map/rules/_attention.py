@@ -400,7 +400,7 @@ def _lazy(
     causal_flags = [bool(kind) and "all" not in kind for kind in flags]
     _note(ctx, "fused, lazy mask: per sample")
     tq, tk, tv = (_tokens(t) for t in (q, k, v))
-    kernel = contextlib.nullcontext()
+    kernel: Any = contextlib.nullcontext()
     if _prims.has_tangent(q.values, k.values, v.values):  # no forward-mode rule in the fused
         kernel = sdpa_kernel(SDPBackend.MATH)
     with kernel:

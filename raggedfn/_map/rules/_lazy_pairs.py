@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -44,6 +44,7 @@ ENABLED = True
 MEMO_BYTES = 1 << 26  # masks remembered per plan (classifications cost nothing)
 
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_T = TypeVar("_T")
 
 
 def _mask_ref(step: Step) -> Any:
@@ -121,13 +122,17 @@ def active() -> bool:
     return ENABLED and not torch.compiler.is_compiling()
 
 
-def outside(found: dict[int, Any], plan: Plan) -> dict[int, Any]:
+def outside(found: dict[int, _T], plan: Plan) -> dict[int, _T]:
     """Row chains or blocks of ``plan`` by their first step, less those holding a lazy
     step (their steps run one by one)."""
     if not found or not active() or not (lazy := lazy_steps(plan)):
         return found
     steps = plan.steps
-    return {k: c for k, c in found.items() if not any(steps[j].index in lazy for j in c.members)}
+    return {
+        k: c
+        for k, c in found.items()
+        if not any(steps[j].index in lazy for j in getattr(c, "members", ()))
+    }
 
 
 class LazyPairB:
