@@ -216,3 +216,20 @@ def test_compiled_step_materializes_and_makes_few_graphs(kind):
         torch.testing.assert_close(got, torch.cat(loop), rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(got, eager, rtol=1e-10, atol=1e-10)
     assert counters["stats"]["unique_graphs"] <= 2
+
+
+def test_row_chains_and_blocks_holding_a_lazy_step_run_step_by_step(monkeypatch):
+    """Row tiles and blocks would compute a lazy step's values: such chains are dropped."""
+    from types import SimpleNamespace
+
+    f = _attend("sliding window")
+    raggedfn.map(f, _x())
+    plan = _cache.CACHE[f.__code__].variants[0].plans[0]
+    lazy = _lazy_pairs.lazy_steps(plan)
+    positions = [k for k, s in enumerate(plan.steps) if s.index in lazy]
+    others = [k for k, s in enumerate(plan.steps) if s.index not in lazy]
+    found = {0: SimpleNamespace(members=[others[0], positions[0]]), 1: SimpleNamespace(
+        members=others[:2])}  # fmt: skip
+    assert list(_lazy_pairs.outside(found, plan)) == [1]
+    monkeypatch.setattr(_lazy_pairs, "ENABLED", False)
+    assert list(_lazy_pairs.outside(found, plan)) == [0, 1]
