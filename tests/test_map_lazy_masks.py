@@ -48,6 +48,9 @@ MASKS = {
     "all true": lambda t, n: torch.ones(n, n, dtype=torch.bool),
     # from the data: a key takes part where its first feature is positive (and itself)
     "data": lambda t, n: (t[:, 0, 0] > 0)[None, :] | torch.eye(n, dtype=torch.bool),
+    "per head": lambda t, n: torch.stack(
+        [torch.ones(n, n, dtype=torch.bool).tril(), torch.ones(n, n, dtype=torch.bool)]
+    ),
 }
 PATHS = {
     "causal": "fused, lazy mask: causal",
@@ -57,6 +60,7 @@ PATHS = {
     "bidirectional window": "fused, lazy mask: per sample",
     "all true": "fused, lazy mask: dropped",
     "data": "fused with a mask",  # the materialized mask, as before
+    "per head": "fused, lazy mask: per sample",
 }
 
 
@@ -65,7 +69,8 @@ def _attend(kind, rank=4, layers=1):
         n = t.shape[0]
         mask = MASKS[kind](t, n)  # built once, read by every layer (as transformers does)
         h = t.transpose(0, 1)  # [H, N, D]
-        mask = mask[None]
+        if mask.ndim == 2:
+            mask = mask[None]
         if rank == 4:
             h, mask = h[None], mask[None]
         for _ in range(layers):
@@ -233,3 +238,26 @@ def test_row_chains_and_blocks_holding_a_lazy_step_run_step_by_step(monkeypatch)
     assert list(_lazy_pairs.outside(found, plan)) == [1]
     monkeypatch.setattr(_lazy_pairs, "ENABLED", False)
     assert list(_lazy_pairs.outside(found, plan)) == [0, 1]
+
+
+def test_an_attention_call_its_rule_refuses_gets_the_materialized_mask(monkeypatch):
+    """Where attention's rule gives up, the node's per-sample loop gets the mask's values."""
+    import warnings
+
+    from raggedfn import RaggedPerformanceWarning
+    from raggedfn._map.base._sizes import Unsupported
+    from raggedfn._map.rules import _attention as rules_attention
+
+    def refuse(*args, **kwargs):
+        raise Unsupported("refused for the test")
+
+    monkeypatch.setattr(rules_attention, "canonicalize", refuse)
+    f = _attend("sliding window")
+    x = _x()
+    assert raggedfn.map_report(f, x).attention == {"per sample": 1}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RaggedPerformanceWarning)
+        got, grad, weight = _values_and_grad(f, x)
+    want, want_grad = _loop(f, x, weight)
+    assert_same(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-12)
