@@ -17,6 +17,7 @@ import raggedfn
 from property_tests.reference import assert_same, samples
 from raggedfn import RaggedError, RaggedPerformanceWarning
 from raggedfn._map.rules import _attention as _rules_attention
+from raggedfn._map.rules import _lazy_pairs
 from raggedfn.ops import _attention_masked
 
 LENGTHS = (5, 9, 3, 1, 7)
@@ -89,6 +90,9 @@ def _check_loop(f, x, **kwargs):
 @pytest.mark.parametrize("rank", [4, 3])
 @pytest.mark.parametrize("kind", list(MASKS))
 def test_masks_run_on_the_kernels_with_each_samples_mask(kind, rank, monkeypatch):
+    # the materialized mask (masks built from positions stay lazy by default: their own
+    # paths are tested in test_map_lazy_masks.py)
+    monkeypatch.setattr(_lazy_pairs, "ENABLED", False)
     calls = []
     real = _attention_masked.attention_with_mask
     monkeypatch.setattr(
@@ -107,6 +111,7 @@ def test_masks_run_on_the_kernels_with_each_samples_mask(kind, rank, monkeypatch
 @pytest.mark.parametrize("kind", ["causal arange", "additive causal", "data", "per head"])
 def test_large_batches_of_light_samples_take_length_buckets_with_the_mask(kind, monkeypatch):
     monkeypatch.setattr(_attention_masked, "LOOP_MAX_BATCH", 2)
+    monkeypatch.setattr(_lazy_pairs, "ENABLED", False)  # the materialized mask
     calls = []
     real = _attention_masked._buckets
     monkeypatch.setattr(_attention_masked, "_buckets", lambda *a: calls.append(1) or real(*a))

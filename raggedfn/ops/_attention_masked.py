@@ -41,18 +41,35 @@ def _per_sample(
     rank: int,
 ) -> Ragged:
     n_list, m_list = sizes["n"], sizes["m"]
-    masks = None
+    masks: list[Tensor | None] = [None] * q.batch_size
     if mask is not None:
         width = mask.values.shape[1]
-        masks = mask.values.split([n * m for n, m in zip(n_list, m_list, strict=True)])
+        parts = mask.values.split([n * m for n, m in zip(n_list, m_list, strict=True)])
+        for b, part in enumerate(parts):
+            one = part.view(n_list[b], m_list[b], width).permute(2, 0, 1)  # [h, N, M]
+            masks[b] = one.contiguous() if width > 1 else one
+    return per_sample_calls(q, k, v, masks, [causal] * q.batch_size, sizes, scale, dropout_p, rank)
+
+
+def per_sample_calls(
+    q: Ragged,
+    k: Ragged,
+    v: Ragged,
+    masks: list[Tensor | None],
+    causal: list[bool],
+    sizes: dict[str, list[int]],
+    scale: float | None,
+    dropout_p: float,
+    rank: int,
+) -> Ragged:
+    """One SDPA call per sample on views of the packed values, sample ``b`` with its own
+    ``masks[b]`` (``[h, N_b, M_b]``, ``h`` 1 or ``H``; None: no mask) and ``causal[b]``,
+    at the rank the loop calls it."""
+    n_list, m_list = sizes["n"], sizes["m"]
     qs, ks, vs = (head_views(t, c, batch=False) for t, c in ((q, n_list), (k, m_list), (v, m_list)))
     outs = []
     for b, (query, key, value) in enumerate(zip(qs, ks, vs, strict=True)):
-        attn_mask: Tensor | None = None
-        if masks is not None:
-            attn_mask = masks[b].view(n_list[b], m_list[b], width).permute(2, 0, 1)  # [h, N, M]
-            if width > 1:
-                attn_mask = attn_mask.contiguous()
+        attn_mask = masks[b]
         if rank == 4:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
             attn_mask = attn_mask.unsqueeze(0) if attn_mask is not None else None
@@ -62,7 +79,7 @@ def _per_sample(
             value,
             attn_mask=attn_mask,
             dropout_p=dropout_p,
-            is_causal=causal,
+            is_causal=causal[b],
             scale=scale,
         )
         # squeeze, not out[0]: a select's backward zero-fills a whole gradient per sample
@@ -170,3 +187,23 @@ def attention_with_mask(
     kernel = sdpa_kernel(SDPBackend.MATH) if rank != 4 else contextlib.nullcontext()
     with kernel:
         return _buckets(q, k, v, mask, sizes, causal, scale)
+
+
+def attention_with_masks(
+    q: Ragged,
+    k: Ragged,
+    v: Ragged,
+    masks: list[Tensor | None],
+    causal: list[bool],
+    scale: float | None,
+    dropout_p: float,
+    rank: int,
+) -> Ragged:
+    """``scaled_dot_product_attention`` of each sample alone, sample ``b`` with its own
+    boolean mask ``masks[b]`` (``[h, N_b, M_b]``, ``h`` 1 or ``H``; None: none) and
+    ``is_causal=causal[b]`` (``raggedfn.map``'s masks built from positions, see
+    ``_map/rules/_lazy_pairs.py``). Arguments otherwise as :func:`attention_with_mask`."""
+    q, k, v, sizes = check_arguments(q, k, v, None, None, False)
+    if len(masks) != q.batch_size or len(causal) != q.batch_size:
+        raise fail("attention", f"one mask and causal flag per sample, got {len(masks)}")
+    return per_sample_calls(q, k, v, masks, causal, sizes, scale, dropout_p, rank)

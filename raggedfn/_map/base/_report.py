@@ -18,7 +18,11 @@ class MapReport:
         attention: per attention call of ``f`` (``scaled_dot_product_attention``), the
             path it took -> number of calls: ``"fused"`` (torch's fused kernels per sample
             or per length bucket, or the varlen custom op when compiled), ``"fused with a
-            mask"`` (the same with each sample's slice of ``f``'s ``attn_mask``), ``"pair
+            mask"`` (the same with each sample's slice of ``f``'s ``attn_mask``),
+            ``"fused, lazy mask: causal"``, ``"fused, lazy mask: dropped"`` and ``"fused,
+            lazy mask: per sample"`` (a mask built from positions alone, never
+            materialized: every sample causal, so ``is_causal``; True everywhere, so no
+            mask; else one call per sample with its own mask), ``"pair
             formulation"`` (every (query, key) pair's logit held in memory: compiled
             inside a ``torch.func`` transform, or a mask the fused paths cannot take; it
             warns eagerly when estimated slower than padding), ``"per sample"`` (the

@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 from ..base._sizes import Sz, Unsupported
 from ..base._steps import Plan, Ref, Step
 from ..base._values import BATCHED, Ctx, RaggedB, SymB
-from ..rules import _pointwise
+from ..rules import _lazy_pairs, _pointwise
 from ..running import _blocks
 from ..running._fallback import to_output
 from ..running._interpret import after_rule, last_uses, run_step
@@ -120,6 +120,8 @@ def _step_fn(plan: Plan, step: Step) -> StepFn:
         return run_step(ctx, plan, step, args, kwargs, strict, None)
 
     if step.getitem or step.random or not step.batched or step.rule is None or plan.pinned:
+        return general
+    if step.index in _lazy_pairs.lazy_steps(plan):  # a mask built from positions: lazy
         return general
     rule = step.rule
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from typing import Any
@@ -27,6 +28,7 @@ from ..base._values import (
     struct_rows,
     take_rows,
 )
+from ._lazy_pairs import LazyPairB, classify
 from ._linalg import logical
 from ._reduce import segment
 
@@ -249,6 +251,8 @@ def sdpa_rule(
     """Attention over ragged query/key axes: torch's kernels per sample or per length
     bucket (with the sample's mask where ``f`` gives one), else the packed pairs."""
     dropout = float(dropout_p) if dropout_p else 0.0
+    if isinstance(attn_mask, LazyPairB) and not all(isinstance(t, RaggedB) for t in (q, k, v)):
+        attn_mask = attn_mask.force()
     if not dropout and not any(isinstance(t, RaggedB) for t in (q, k, v, attn_mask)):
         return _fixed_shape(ctx, step, q, k, v, attn_mask, is_causal, scale, enable_gqa)
     if enable_gqa:
@@ -268,6 +272,11 @@ def sdpa_rule(
     if not all(isinstance(t, RaggedB) for t in (q, k, v)):
         raise Unsupported("attention with fixed-size operands")
     q, k, v = (canonicalize(ctx, t) for t in (q, k, v))
+    if isinstance(attn_mask, LazyPairB):
+        out = _lazy(ctx, step, q, k, v, attn_mask, is_causal, scale, dropout, shape_q)
+        if out is not None:
+            return out
+        attn_mask = attn_mask.force()
     if attn_mask is not None and _masks_nothing(attn_mask):
         attn_mask = None
     compiling = torch.compiler.is_compiling()
@@ -325,6 +334,79 @@ def sdpa_rule(
         weights.unsqueeze(-1) * take_rows(v.values, rows_k), query_rows, q.struct.total, "sum"
     )
     return RaggedB(out.to(step.out.dtype), q.layout, q.sz, q.struct)
+
+
+def _lazy(
+    ctx: Ctx,
+    step: Any,
+    q: RaggedB,
+    k: RaggedB,
+    v: RaggedB,
+    mask: LazyPairB,
+    is_causal: bool,
+    scale: Any,
+    dropout: float,
+    shape_q: tuple[Any, ...],
+) -> Any:
+    """Eagerly on CPU, a mask built from positions (``_lazy_pairs``): each sample's mask
+    classified per distinct sizes. Every sample causal: ``is_causal=True``; every mask True
+    everywhere: no mask (the same computation, and on CPU the same roundings); else, up
+    to ``LOOP_MAX_BATCH`` samples, one SDPA call per sample with its own mask or flag.
+    None where none of that applies (the mask is then materialized)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ...ops._attention import LOOP_MAX_BATCH
+
+    if (
+        is_causal
+        or ctx.batch_size == 0
+        or not USE_RAGGED_ATTENTION
+        or compiled_transform()
+        or torch.compiler.is_compiling()
+        or any(t.values.device.type != "cpu" for t in (q, k, v))
+        or len(shape_q) not in (3, 4)
+    ):
+        return None
+    spec = mask.step.out.shape  # its last two axes must be the queries' and the keys'
+    lq, lk = shape_q[-2], logical(k)[-2]
+    if len(spec) > len(shape_q) or any(
+        not isinstance(s, Sz) or s.key != want.key for s, want in ((spec[-2], lq), (spec[-1], lk))
+    ):
+        return None
+    kinds = classify(mask)
+    flags = [kind if isinstance(kind, frozenset) else frozenset() for kind in kinds]
+    common = frozenset.intersection(*flags)
+    rank = len(shape_q)
+    if common:
+        causal = "all" not in common
+        _note(ctx, "fused, lazy mask: causal" if causal else "fused, lazy mask: dropped")
+        if not dropout:
+            return _via_attention(q, k, v, causal, scale, step, rank)
+        return _via_masked(q, k, v, None, causal, scale, dropout, step, rank)
+    if ctx.batch_size > LOOP_MAX_BATCH:
+        return None
+    from ...ops._attention_masked import attention_with_masks
+
+    masks: list[Tensor | None] = []
+    for kind in kinds:
+        if isinstance(kind, frozenset):
+            masks.append(None)
+            continue
+        n, m = kind.shape[-2:]
+        if all(d == 1 for d in kind.shape[:-2]):
+            masks.append(kind.reshape(1, n, m))
+        else:  # a mask per head: the heads as _tokens flattens them
+            masks.append(kind.expand(*shape_q[:-2], n, m).reshape(-1, n, m))
+    causal_flags = [bool(kind) and "all" not in kind for kind in flags]
+    _note(ctx, "fused, lazy mask: per sample")
+    tq, tk, tv = (_tokens(t) for t in (q, k, v))
+    kernel: Any = contextlib.nullcontext()
+    if _prims.has_tangent(q.values, k.values, v.values):  # no forward-mode rule in the fused
+        kernel = sdpa_kernel(SDPBackend.MATH)
+    with kernel:
+        out = attention_with_masks(tq, tk, tv, masks, causal_flags, scale, dropout, rank)
+    values = out.values.reshape((*q.values.shape[:-1], v.values.shape[-1]))
+    return RaggedB(values.to(step.out.dtype), q.layout, q.sz, q.struct)
 
 
 def _fixed_shape(

@@ -17,6 +17,7 @@ from .. import rules  # noqa: F401  (importing the rules registers them)
 from ..base._sizes import Sz, Unsupported, product_key
 from ..base._steps import Plan, Ref, Step, refs
 from ..base._values import BATCHED, Ctx, DenseB, RaggedB, Struct, SymB
+from ..rules import _lazy_pairs
 from ..tracing._dynamo_reads import static
 from . import _blocks
 from ._blocks import blocks, run_block
@@ -215,8 +216,8 @@ def run(
 
     count = len(inputs)
     tiles = ctx.tiles and not compiling
-    row_chains = chains(plan, count) if tiles else {}
-    row_blocks = blocks(plan, count) if tiles and _blocks.ENABLED else {}
+    row_chains = _lazy_pairs.outside(chains(plan, count), plan) if tiles else {}
+    row_blocks = _lazy_pairs.outside(blocks(plan, count), plan) if tiles and _blocks.ENABLED else {}
 
     def run_plain(k: int) -> None:
         step = plan.steps[k]
@@ -300,9 +301,15 @@ def run_step(
     strict: bool,
     recorder: Recorder | None,
     quiet: bool = False,
+    lazy: bool = True,
 ) -> Any:
     name = step.op
     out = step.out
+    if lazy and _lazy_pairs.active() and step.index in _lazy_pairs.lazy_steps(plan):
+        if recorder is not None:  # (a pair state built from positions: see _lazy_pairs)
+            recorder.batched[name] = recorder.batched.get(name, 0) + 1
+        run = lambda a, kw: run_step(ctx, plan, step, a, kw, strict, None, quiet, False)  # noqa: E731
+        return _lazy_pairs.LazyPairB(ctx, plan, step, args, kwargs, run)
     if step.batched and isinstance(out, Sz) and not step.defines:
         return SymB(out)  # a per-sample size: its expression is known, nothing to run
     if step.batched and isinstance(out, (int, float, bool)) and not isinstance(out, Tensor):
@@ -329,6 +336,7 @@ def run_step(
             ctx, plan, step, args, kwargs, strict, recorder, "random", quiet, leaves, False
         )
     if not step.batched or not has_batched:
+        args, kwargs = _lazy_pairs.forced(args, kwargs)  # (attention on shared operands)
         if recorder is not None and name:
             recorder.unbatched[name] = recorder.unbatched.get(name, 0) + 1
         return step.target(*args, **kwargs)
@@ -362,8 +370,8 @@ def after_rule(
     (``reason``), or where it has none: other candidates, else the per-sample loop.
     ``own_rule=False``: the step's own rule is no candidate."""
     name = step.op
-    if leaves is None:
-        leaves = _leaves(args, kwargs)
+    args, kwargs = _lazy_pairs.forced(args, kwargs)  # a loop or torch.vmap needs the values
+    leaves = _leaves(args, kwargs)
     candidates = [step.rule] if own_rule and step.rule is not None and plan.pinned else []
     if not any(isinstance(a, (RaggedB, SymB)) for a in leaves):
         candidates.append(_vmap_rule)  # fixed-shape samples: torch.vmap can batch the op
