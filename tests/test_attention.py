@@ -522,9 +522,7 @@ def test_attention_with_a_mask_per_pair_equals_each_samples_sdpa_call(rank, mask
     assert_same(got, want, rtol=1e-12, atol=1e-12)
     weight = torch.randn_like(got.values)
     grads = torch.autograd.grad((got.values * weight).sum(), leaves)
-    loss = sum(
-        (w * o).sum() for w, o in zip(weight.split(n_lengths), want, strict=True)
-    )
+    loss = sum((w * o).sum() for w, o in zip(weight.split(n_lengths), want, strict=True))
     want_grads = torch.autograd.grad(loss, leaves)
     for g, w in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
