@@ -184,10 +184,10 @@ ENTRIES = {
 
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))
-def test_softmax_primitives_under_a_compiled_transform_run_their_body(
+def test_softmax_primitives_under_a_transform_in_dynamo_code_run_their_body(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Inside compiled code under a ``torch.func`` transform (``jacfwd`` here, with
+    """Inside code dynamo traces, under a ``torch.func`` transform (``jacfwd`` here, with
     ``is_compiling()`` patched) each primitive runs its plain-op body: the Jacobian is
     torch's per segment."""
     entry, torch_op = ENTRIES[name]
