@@ -18,9 +18,9 @@ Options (environment, as ``make mutate MUTATE_SLICES=...``):
     MUTATE_SEED: the draw's seed (default 20; the sample of a slice is a function
         of the seed and the sorted mutant names alone).
     MUTATE_JOBS: mutants tested at once per slice (default 1; run under ``nice -n 10``).
-    MUTATE_PARALLEL: slices run at once, each in its own process (default 2: the four
-        default slices one after another take about 70 minutes on the shared 2-core
-        machine, two at a time 31.5 measured; docs/testing.md).
+    MUTATE_PARALLEL: slices run at once, each in its own process (default 2: on the
+        shared 2-core machine the four default slices took 31.5 minutes two at a time at
+        load 3-7, and 16 one after another at load 2-4; docs/testing.md).
 
 Prints, per slice, killed / survived / no tests / timeouts, the killed share with
 its 95% Wilson interval (an estimate of the score over all the slice's mutants) and
@@ -97,6 +97,9 @@ SLICES = {
             "property_tests/test_elementwise_props.py",
             "property_tests/test_mixed_props.py",
             "property_tests/test_nested_props.py",
+            # products, cat, gather and masked_select of nested values (_nested_products.py,
+            # _nested_select.py, _select's nested levels) are compared with the loop only here
+            "property_tests/test_nested_ops_props.py",
             "property_tests/test_nn_props.py",
             "property_tests/test_products_props.py",
             "property_tests/test_reduce_props.py",

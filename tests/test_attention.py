@@ -483,3 +483,46 @@ def test_sizes_are_read_on_the_host_once_per_partition(monkeypatch):
             for p in qkv.split(lengths)
         ]
         torch.testing.assert_close(out.values, torch.cat([w.transpose(0, 1) for w in want]))
+
+
+@pytest.mark.parametrize("rank", [4, 3])
+@pytest.mark.parametrize("mask_kind", ["boolean", "additive per head", "none"])
+def test_attention_with_a_mask_per_pair_equals_each_samples_sdpa_call(rank, mask_kind):
+    """``attention_with_mask`` (the path ``map`` takes for an ``attn_mask``) on a small
+    batch (one call per sample) equals the per-sample ``scaled_dot_product_attention``
+    with that sample's mask, at the rank the sample's call had, values and gradients."""
+    from raggedfn.ops._attention_masked import attention_with_mask
+
+    n_lengths, m_lengths = [3, 0, 5, 2], [4, 2, 5, 1]
+    heads = 2
+    q = tokens(n_lengths, heads=heads, seed=1)
+    k = tokens(m_lengths, heads=heads, seed=2)
+    v = tokens(m_lengths, heads=heads, dim=4, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    masks = []
+    for n, m in zip(n_lengths, m_lengths, strict=True):
+        if mask_kind == "boolean":  # every query keeps its first key: no row is all masked
+            keep = torch.rand(n, m, 1, generator=gen) > 0.4
+            masks.append(keep | (torch.arange(m) == 0)[None, :, None])
+        else:
+            masks.append(torch.randn(n, m, heads, generator=gen, dtype=torch.float64))
+    mask = None if mask_kind == "none" else raggedfn.from_list(masks, ragged_dims=(1, 2))
+    leaves = [t.values.detach().requires_grad_() for t in (q, k, v)]
+    q, k, v = (t.with_values(leaf) for t, leaf in zip((q, k, v), leaves, strict=True))
+    got = attention_with_mask(q, k, v, mask, False, 0.7, 0.0, rank)
+    want = []
+    for i in range(q.batch_size):
+        qi, ki, vi = (t[i].transpose(0, 1) for t in (q, k, v))  # [H, N, D]
+        mi = None if mask is None else masks[i].movedim(-1, 0)  # [h, N, M]
+        if rank == 4:
+            qi, ki, vi = qi[None], ki[None], vi[None]
+            mi = None if mi is None else mi[None]
+        out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mi, scale=0.7)
+        want.append((out[0] if rank == 4 else out).transpose(0, 1))
+    assert_same(got, want, rtol=1e-12, atol=1e-12)
+    weight = torch.randn_like(got.values)
+    grads = torch.autograd.grad((got.values * weight).sum(), leaves)
+    loss = sum((w * o).sum() for w, o in zip(weight.split(n_lengths), want, strict=True))
+    want_grads = torch.autograd.grad(loss, leaves)
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)

@@ -764,8 +764,14 @@ _T = torch.tensor
             (_V7, _T([2, 1]), _T([2, 2, 2])),
             r"from_nested_lengths: lengths\[1\] must add up",
         ),
+        (
+            lambda values, ids: raggedfn.from_segment_ids(values, ids, 3).values,
+            (_V7, _T([0, 0, 1, 1, 1, 2, 2])),
+            (_V7, _T([0, 0, 1, 1, 1, 2, 5])),
+            r"from_segment_ids: segment_ids must lie in \[0, num_segments\)",
+        ),
     ],
-    ids=["lengths", "sizes", "rectangles", "negative", "sum"],
+    ids=["lengths", "sizes", "rectangles", "negative", "sum", "segment_ids"],
 )
 def test_constructors_traced_on_fake_tensors_check_the_data_in_the_graph(build, good, bad, message):
     # make_fx with fake tensors (as torch.compile and torch.export trace): the checks
@@ -780,3 +786,35 @@ def test_constructors_traced_on_fake_tensors_check_the_data_in_the_graph(build, 
         # fake tensors outside any fx trace (shape propagation): no data to check
         fake = build(*(mode.from_tensor(t) for t in good))
     assert fake.shape == good[0].shape
+
+
+# ----- survivors of the seed-1206 draw (2026-12-06): the errors name what is wrong ------
+
+
+def test_from_list_names_the_sample_that_is_not_a_list():
+    with pytest.raises(RaggedError, match=r"from_list: sample 1 must be a list \(of tensors"):
+        raggedfn.from_list([[torch.zeros(2)], torch.zeros(1)])
+    with pytest.raises(RaggedError, match=r"from_list: entry 1 at nesting depth 2 must be a list"):
+        raggedfn.from_list([[[torch.zeros(2)], torch.zeros(1)]])
+
+
+def test_from_list_names_a_non_tensor_leaf_at_any_depth():
+    with pytest.raises(
+        RaggedError, match=r"^from_list: expected tensors or lists of tensors, got int 1"
+    ):
+        raggedfn.from_list([[1, 2, 3], [4]])
+
+
+def test_from_list_of_ragged_samples_names_the_sample_of_another_dtype():
+    a = raggedfn.from_list([torch.zeros(2, 3), torch.zeros(1, 3)])
+    b = raggedfn.from_list([torch.zeros(3, 3, dtype=torch.float64)])
+    with pytest.raises(RaggedError, match=r"from_list: Ragged sample 1 "):
+        raggedfn.from_list([a, b])
+
+
+def test_from_list_names_the_innermost_tensor_empty_along_an_earlier_ragged_axis():
+    docs = [[torch.zeros(2, 3, 4)], [torch.zeros(0, 3, 4), torch.zeros(1, 2, 4)]]
+    with pytest.raises(
+        RaggedError, match=r"from_list: tensor 1 of the innermost level has ragged sizes \[0, 3\]"
+    ):
+        raggedfn.from_list(docs, ragged_dims=(1, 2, 3))

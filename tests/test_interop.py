@@ -165,3 +165,10 @@ def test_positions_and_segment_ids_compile_once_over_new_lengths():
         raggedfn.mark_dynamic(x)
         assert torch.equal(compiled(x), f(x))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_from_nested_refuses_a_jagged_tensor_ragged_along_another_axis():
+    njt = torch.nested.nested_tensor_from_jagged(torch.randn(5, 2), torch.tensor([0, 2, 5]))
+    moved = njt.transpose(1, 2)  # (B, 2, N*): ragged along axis 2
+    with pytest.raises(RaggedError, match="only a jagged tensor ragged along axis 1"):
+        raggedfn.from_nested(moved)

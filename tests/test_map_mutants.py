@@ -190,6 +190,8 @@ def _size_expressions():
         sympy.And(sympy.Ge(s0, 4), sympy.Lt(s1, 4)),
         sympy.Or(sympy.Eq(s0, 2), sympy.Gt(s1, 3)),
         sympy.Not(sympy.Eq(s0, s1)),
+        # sympy folds Not(Eq) to Ne: a Not of a conjunction stays a Not
+        sympy.Not(sympy.And(sympy.Ge(s0, 4), sympy.Lt(s1, 4))),
         sympy.Rational(1, 2) * s0,
         symfn.ToFloat(s0),
     ]
@@ -836,3 +838,90 @@ def test_state_ten_levels_deep_through_a_partial_is_followed():
         assert_same(raggedfn.map(f, x), loop(f, x))
     finally:
         _PARTIAL_CELL[0] = 2.0
+
+
+# ----- survivors of the seed-1206 draw (2026-12-06) -----------------------------------------
+
+
+def test_attention_of_fixed_shape_samples_keeps_the_scale():
+    # dense per-sample [H, N, D] inputs: one kernel call over the merged batch, as the loop
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 5, 4, generator=gen, dtype=torch.float64)
+
+    def f(t):
+        return F.scaled_dot_product_attention(t, t * 0.5, t, scale=0.3)
+
+    report = raggedfn.map_report(f, x)
+    torch.testing.assert_close(report.output, torch.stack([f(t) for t in x]))
+    assert report.fully_batched, str(report)
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: t.argmax(1),
+        lambda t: torch.prod(t, 1),
+        lambda t: t.max(1).values,
+        lambda t: t.logsumexp(1),
+    ],
+)
+def test_reductions_over_a_dense_axis_with_an_int_dim_batch_like_the_loop(f):
+    # ops whose schema takes an int dim (argmax, prod, max) get an int, not a list
+    x = tokens()
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_attention_dropout_passed_positionally_is_a_random_op():
+    # F.scaled_dot_product_attention(q, k, v, None, 0.5): dropout_p is the fifth argument
+    gen = torch.Generator().manual_seed(0)
+    x = raggedfn.from_list([torch.randn(n, 2, 4, generator=gen) for n in (3, 5)])
+
+    def f(t):
+        h = t.transpose(0, 1)
+        return F.scaled_dot_product_attention(h, h, h, None, 0.5).transpose(0, 1)
+
+    with pytest.raises(raggedfn.RaggedError, match="randomness"):
+        raggedfn.map(f, x, randomness="error")
+
+
+def test_reducing_one_of_three_ragged_axes_batches_like_the_loop():
+    # (N, N, N, D) summed over its first axis: two ragged axes kept, each output row's
+    # index built from both kept coordinates
+    x = tokens((3, 0, 2, 4))
+
+    def f(t):
+        return (t[:, None, None, :] * t[None, :, None, :] + t[None, None, :, :]).sum(0)
+
+    report = raggedfn.map_report(f, x)
+    assert_same(report.output, loop(f, x))
+    assert report.fully_batched, str(report)
+
+
+def test_an_out_of_range_gather_in_the_dynamo_branch_says_which_op(monkeypatch):
+    # inside the graph the range check is an on-device assertion with map's message
+    x = tokens((3, 5))
+    _dynamo_branch(monkeypatch)
+    with pytest.raises(RuntimeError, match="gather: a position is out of range for its sample"):
+        raggedfn.map(lambda t: torch.gather(t, 1, torch.full((1, 1), 9).expand(t.shape[0], D)), x)
+
+
+class Scaled(typing.NamedTuple):
+    tokens: raggedfn.Ragged
+    scale: torch.Tensor  # [B, D]: a dense per-sample leaf
+
+
+def _scaled(p):
+    return torch.tanh(p.tokens) * p.scale
+
+
+def test_the_dynamo_branch_finds_the_variant_of_a_dense_per_sample_leaf(monkeypatch):
+    # a NamedTuple cannot be traced on the spot: the eager call's variant must be found,
+    # its signature giving the dense leaf's per-sample rank
+    pair = Scaled(tokens(), weights(len(LENGTHS), D, seed=6))
+    samples = zip(raggedfn.unbind(pair.tokens), pair.scale, strict=True)
+    want = [_scaled(Scaled(t, s)) for t, s in samples]
+    assert_same(raggedfn.map(_scaled, pair), want)
+    _dynamo_branch(monkeypatch)
+    assert_same(raggedfn.map(_scaled, pair), want)

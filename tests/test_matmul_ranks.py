@@ -2,7 +2,7 @@
 
 Each rank pair takes its own subscripts (``ops._matmul._matmul_subscripts``):
 vector-vector (a dot product, dense result), vector-matrix, matrix-vector and
-matrix-matrix, with the contracted axis ragged or dense.
+matrix-matrix, with the contracted axis ragged or dense, and with leading (batch) axes.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ LENGTHS = [3, 0, 4]
 
 def _ragged(shape_of: list[tuple[int, ...]], seed: int) -> Ragged:
     gen = torch.Generator().manual_seed(seed)
+    ragged = tuple(a + 1 for a in range(len(shape_of[0])) if len({s[a] for s in shape_of}) > 1)
     return raggedfn.from_list(
-        [torch.randn(*shape, generator=gen, dtype=torch.float64) for shape in shape_of]
+        [torch.randn(*shape, generator=gen, dtype=torch.float64) for shape in shape_of],
+        ragged_dims=ragged,
     )
 
 
@@ -36,6 +38,11 @@ CASES = {  # per-sample shapes of a, and of b (or one tensor that every sample s
     "vector-matrix": ([(n,) for n in LENGTHS], [(n, 2) for n in LENGTHS]),
     "matrix-vector": ([(n, 5) for n in LENGTHS], SHARED_VECTOR),
     "matrix-matrix": ([(n, 5) for n in LENGTHS], SHARED_MATRIX),
+    # leading (batch) axes of torch.matmul: each rank pair has its own letters
+    "vector-batched": ([(n,) for n in LENGTHS], [(2, 3, n, 2) for n in LENGTHS]),
+    "batched-vector": ([(2, 3, n, 5) for n in LENGTHS], SHARED_VECTOR),
+    "batched-matrix": ([(2, n, 5) for n in LENGTHS], SHARED_MATRIX),
+    "batched-batched": ([(2, n, 5) for n in LENGTHS], [(2, 5, n) for n in LENGTHS]),
 }
 
 

@@ -175,3 +175,42 @@ def test_gather_along_the_first_dense_axis_checks_the_later_ones():
         raggedfn.unbind(got), raggedfn.unbind(x), raggedfn.unbind(fits), strict=True
     ):
         torch.testing.assert_close(g, torch.gather(s, 1, i))
+
+
+def test_operators_with_a_tensor_first_as_dynamo_passes_them(monkeypatch: Any) -> None:
+    """Under ``torch.compile`` dynamo calls ``Ragged.__torch_function__`` with the tensor
+    method and the tensor operand first (``ops/_operators.py``); reached eagerly here with
+    ``is_compiling()`` patched: ``W @ x`` and ``x @ W`` (both arrive as
+    ``Tensor.matmul(W, x)``, told apart by the shapes), ``t - x`` and ``x - t`` give
+    torch's answer per sample; a call with other arguments is declined."""
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, 3, generator=gen, dtype=torch.float64) for n in (2, 0, 4)]
+    x = raggedfn.from_list(xs)
+    right = torch.randn(3, 5, generator=gen, dtype=torch.float64)  # x @ right
+    left = torch.randn(4, 3, generator=gen, dtype=torch.float64)  # each sample's left @ x_i.T
+    t = torch.randn(3, generator=gen, dtype=torch.float64)
+    dispatch = raggedfn.Ragged.__torch_function__
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    T = torch.Tensor
+    got = dispatch(T.matmul, (T, raggedfn.Ragged), (right, x))
+    for g, s in zip(_samples(got), xs, strict=True):
+        torch.testing.assert_close(g, s @ right)
+    xt = raggedfn.transpose(x, 1, 2)  # (B, 3, N*)
+    got = dispatch(T.matmul, (T, raggedfn.Ragged), (left, xt))
+    for g, s in zip(_samples(got), xs, strict=True):
+        torch.testing.assert_close(g, left @ s.T)
+    got = dispatch(T.sub, (T, raggedfn.Ragged), (t, x))  # t - x
+    for g, s in zip(_samples(got), xs, strict=True):
+        torch.testing.assert_close(g, t - s)
+    got = dispatch(T.__rsub__, (T, raggedfn.Ragged), (t, x))  # x - t
+    for g, s in zip(_samples(got), xs, strict=True):
+        torch.testing.assert_close(g, s - t)
+    square = torch.randn(3, 3, generator=gen, dtype=torch.float64)
+    # (B, N*, 3, 3): x @ W and W @ x both fit
+    cubes = raggedfn.from_list([torch.randn(n, 3, 3, generator=gen) for n in (2, 1)])
+    with pytest.raises(RaggedError, match="unambiguous"):
+        dispatch(T.matmul, (T, raggedfn.Ragged), (square.float(), cubes))
+    assert dispatch(T.sub, (T, raggedfn.Ragged), (t, x, 1)) is NotImplemented
+    assert dispatch(T.sub, (T, raggedfn.Ragged), (t, x), {"alpha": 2}) is NotImplemented
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    assert dispatch(T.sub, (T, raggedfn.Ragged), (t, x)) is NotImplemented

@@ -175,3 +175,32 @@ def test_attention_body_as_dynamo_traces_it_equals_torch_sdpa(
     expected = torch.autograd.grad((want * weights).sum(), (q, k, v))
     for g, w in zip(got, expected, strict=True):
         torch.testing.assert_close(g, w)
+
+
+ENTRIES = {
+    "softmax": (_softmax.segment_softmax, lambda rows: torch.softmax(rows, 0)),
+    "log_softmax": (_softmax.segment_log_softmax, lambda rows: torch.log_softmax(rows, 0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_softmax_primitives_under_a_transform_in_dynamo_code_run_their_body(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside code dynamo traces, under a ``torch.func`` transform (``jacfwd`` here, with
+    ``is_compiling()`` patched) each primitive runs its plain-op body: the Jacobian is
+    torch's per segment."""
+    entry, torch_op = ENTRIES[name]
+    plain = _softmax_values(torch.float64)[:, :2].contiguous()
+
+    def reference(v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([torch_op(v[ROWS[s]]) for s in PRESENT])
+
+    want = jacrev(reference)(plain)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+
+    def prim(v: torch.Tensor) -> torch.Tensor:
+        out = entry(v, SEGMENTS, NUM)
+        return torch.cat([out[ROWS[s]] for s in PRESENT])
+
+    torch.testing.assert_close(jacfwd(prim)(plain), want)
