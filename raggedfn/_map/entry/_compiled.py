@@ -131,6 +131,21 @@ def _find_candidates(key: Any, loose: tuple[Any, ...]) -> tuple[Any, ...]:
         )
 
 
+def _variants() -> None:
+    """Holds the cached variants (``vid -> variant``, the registry's own dict, live) as
+    its ``__annotations__``: dynamo installs no guard on what it reads through a
+    function's ``__annotations__`` (``torch._dynamo.variables.functions.fn_var_getattr``).
+    What is read from a variant (its signature, its compiled check and the constants in
+    that check's closure, its plan, which the interpreter walks) is map's own data,
+    fixed once the variant exists, so it needs none: the guards left are those the
+    check installs on what ``f`` reads (module state, captured numbers, tensor
+    metadata). A graph keeps the plan it was compiled with even where the variant is
+    later evicted from the cache."""
+
+
+_variants.__annotations__ = _cache.REGISTRY.__dict__
+
+
 @torch._dynamo.assume_constant_result
 def _trace_now(f: Any, token: Any, structure: Any, dims: Any, layouts: Any, *flat: Any) -> Any:
     """Trace ``f`` while dynamo runs: ``f`` is a real function or module (or ``None``
@@ -254,7 +269,7 @@ def compiled_map(
     chosen = None
     lifted: list[Any] = []
     for vid in _candidates(_cache.function_key(f), loose):
-        variant = getattr(_cache.REGISTRY, vid)
+        variant = _variants.__annotations__[vid]
         if not _fits(variant.static[2], leaves):
             continue
         lifted = [None] * len(variant.deps.lifted)
@@ -286,7 +301,7 @@ def compiled_map(
                 flat.append(leaf)
         traced = None if token is not None else f
         vid = _trace_now(traced, token, _describe(args), dims, tuple(layouts), *flat)
-        chosen = getattr(_cache.REGISTRY, vid) if vid is not None else None
+        chosen = _variants.__annotations__.get(vid) if vid is not None else None
         if chosen is None:
             raise fail(
                 "map",

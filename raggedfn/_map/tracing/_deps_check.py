@@ -32,7 +32,17 @@ def compile_check(
     )
     namespace = dict(names)
     if compiled:
+        # the constants as closure cells, not globals: dynamo guards every global an
+        # inlined function reads, but reads a closure through the function's own
+        # source, which for a check reached through ``_compiled._variants`` installs
+        # no guard (the constants are fixed for the variant)
         namespace.update(_cell=cell, _global=global_of, _static=static)
+        params = ", ".join(namespace)
+        inner = "\n".join("    " + line for line in source.splitlines())
+        source = f"def _make({params}):\n{inner}\n    return check\n"
+        scope: dict[str, Any] = {}
+        exec(compile(source, "<raggedfn.map guards>", "exec"), scope)
+        return scope["_make"](**namespace), source
     exec(compile(source, "<raggedfn.map guards>", "exec"), namespace)
     return namespace["check"], source
 
