@@ -131,19 +131,16 @@ def _find_candidates(key: Any, loose: tuple[Any, ...]) -> tuple[Any, ...]:
         )
 
 
-def _variants() -> None:
-    """Holds the cached variants (``vid -> variant``, the registry's own dict, live) as
-    its ``__annotations__``: dynamo installs no guard on what it reads through a
-    function's ``__annotations__`` (``torch._dynamo.variables.functions.fn_var_getattr``).
-    What is read from a variant (its signature, its compiled check and the constants in
-    that check's closure, its plan, which the interpreter walks) is map's own data,
-    fixed once the variant exists, so it needs none: the guards left are those the
-    check installs on what ``f`` reads (module state, captured numbers, tensor
-    metadata). A graph keeps the plan it was compiled with even where the variant is
-    later evicted from the cache."""
-
-
-_variants.__annotations__ = _cache.REGISTRY.__dict__
+def _registered(vid: str) -> Any:
+    """The cached variant ``vid``. Dynamo reads the registry's attribute live (a
+    variant traced while compiling is found) and guards that one attribute; the
+    variant itself sits in its holder's ``__annotations__``, through which dynamo
+    installs no guard (``torch._dynamo.variables.functions.fn_var_getattr``). What is
+    read from a variant (its signature, its compiled check and the constants in that
+    check's closure, its plan, which the interpreter walks) is map's own data, fixed
+    once the variant exists, so it needs none: the guards left are those the check
+    installs on what ``f`` reads (module state, captured numbers, tensor metadata)."""
+    return getattr(_cache.REGISTRY, vid).__annotations__["variant"]
 
 
 @torch._dynamo.assume_constant_result
@@ -269,7 +266,7 @@ def compiled_map(
     chosen = None
     lifted: list[Any] = []
     for vid in _candidates(_cache.function_key(f), loose):
-        variant = _variants.__annotations__[vid]
+        variant = _registered(vid)
         if not _fits(variant.static[2], leaves):
             continue
         lifted = [None] * len(variant.deps.lifted)
@@ -301,7 +298,7 @@ def compiled_map(
                 flat.append(leaf)
         traced = None if token is not None else f
         vid = _trace_now(traced, token, _describe(args), dims, tuple(layouts), *flat)
-        chosen = _variants.__annotations__.get(vid) if vid is not None else None
+        chosen = _registered(vid) if vid is not None else None
         if chosen is None:
             raise fail(
                 "map",
