@@ -81,6 +81,22 @@ _MODULE_SKIP = frozenset(
     }
 )
 
+# a module's hooks: compared eagerly; inside torch.compile only where dynamo guards
+# the hooks of the modules it inlines itself (``skip_nnmodule_hook_guards`` off), so
+# that map's compiled check guards them as torch.compile does a module called directly
+_MODULE_HOOKS = frozenset(
+    {
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+        "_is_full_backward_hook",
+    }
+)
+
 # the state of torch's composable APIs (FSDP2's ``fully_shard``: gathered or not,
 # training state, streams): bookkeeping around the forward, changing at every call
 _COMPOSABLE = "__composable_api_state_key"
@@ -193,6 +209,15 @@ class Deps:
     def require(self, condition: str) -> None:
         self.lines.append(f"if not ({condition}): return False")
 
+    def eager_only(self, start: int) -> None:
+        """The lines from ``start`` on belong to the eager check only."""
+        for i in range(start, len(self.lines)):
+            line = self.lines[i]
+            if line.startswith(COMPILED):
+                self.lines[i] = "pass"
+            elif not line.startswith(EAGER):
+                self.lines[i] = EAGER + line
+
     def finish(self) -> None:
         roots, names = self.num_roots, self.names
         self.check, self.source = compile_check(self.lines, roots, names, compiled=False)
@@ -234,6 +259,11 @@ class _Walker:
 
     def _equal(self, var: str, value: Any) -> None:
         deps = self.deps
+        if value is None or type(value) is bool:
+            # a singleton: identity is type and value at once (inside torch.compile one
+            # guard, where ``type(v) is bool and v == True`` installs two)
+            deps.require(f"{var} is {value!r}")
+            return
         t = deps.const(type(value))
         if type(value) in (bool, int, str) or (type(value) is float and math.isfinite(value)):
             # a literal: dynamo reads a number in a global as a graph input under
@@ -409,8 +439,12 @@ class _Walker:
         for name in sorted(state, key=str):
             if name in _MODULE_SKIP or str(name).startswith(_COMPOSABLE):
                 continue
+            start, lifted = len(deps.lines), len(deps.lifted)
             node = deps.node(var, f".__dict__[{name!r}]")
             self.walk(node, state[name], f"{path}.{name}", depth + 1)
+            if name in _MODULE_HOOKS and len(deps.lifted) == lifted and _skip_hooks():
+                # (a hook that captures a tensor keeps its lines: they fill its slot)
+                deps.eager_only(start)
         for group in ("_parameters", "_buffers", "_modules"):
             table = state.get(group, {})
             node = deps.node(var, f".{group}")
@@ -436,6 +470,11 @@ class _Walker:
             if hasattr(value, name):
                 sub = deps.node(var, f".{name}")
                 self.walk(sub, getattr(value, name), f"{path}.{name}", depth + 1)
+
+
+def _skip_hooks() -> bool:
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo is None or bool(dynamo.config.skip_nnmodule_hook_guards)
 
 
 def _slot_names(cls: type) -> list[str]:
