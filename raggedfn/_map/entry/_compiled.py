@@ -144,6 +144,18 @@ def _registered(vid: str) -> Any:
 
 
 @torch._dynamo.assume_constant_result
+def _empty_hooks_unguarded() -> bool:
+    """Whether dynamo skips the guards of empty module hooks (its default): then the
+    compiled check does too (``Deps.compiled_lean``)."""
+    return bool(torch._dynamo.config.skip_nnmodule_hook_guards)
+
+
+def _check(variant: Any) -> Any:
+    deps = variant.deps
+    return deps.compiled_lean if _empty_hooks_unguarded() else deps.compiled_check
+
+
+@torch._dynamo.assume_constant_result
 def _trace_now(f: Any, token: Any, structure: Any, dims: Any, layouts: Any, *flat: Any) -> Any:
     """Trace ``f`` while dynamo runs: ``f`` is a real function or module (or ``None``
     and ``token`` names the real function rebuilt from one dynamo made), and dynamo
@@ -270,7 +282,7 @@ def compiled_map(
         if not _fits(variant.static[2], leaves):
             continue
         lifted = [None] * len(variant.deps.lifted)
-        if variant.deps.compiled_check(*roots, lifted):
+        if _check(variant)(*roots, lifted):
             chosen = variant
             break
     token = None
@@ -317,7 +329,7 @@ def compiled_map(
                 "per-sample loop cannot run inside fullgraph=True",
             )
         lifted = [None] * len(chosen.deps.lifted)
-        if not chosen.deps.compiled_check(*roots, lifted):
+        if not _check(chosen)(*roots, lifted):
             raise fail("map", "inside torch.compile, the state f reads did not match its trace")
     plan = chosen.plans[0]
     if plan.unknown:

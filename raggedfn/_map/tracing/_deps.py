@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._deps_check import COMPILED, EAGER, always, compile_check
+from ._deps_check import COMPILED, EAGER, HOOKS, always, compile_check
 
 MAX_ITEMS = 256
 MAX_DEPTH = 10
@@ -81,9 +81,10 @@ _MODULE_SKIP = frozenset(
     }
 )
 
-# a module's hooks: compared eagerly; inside torch.compile only where dynamo guards
-# the hooks of the modules it inlines itself (``skip_nnmodule_hook_guards`` off), so
-# that map's compiled check guards them as torch.compile does a module called directly
+# a module's hooks: compared eagerly; inside torch.compile an empty hook dictionary
+# (or no full backward hook) is guarded only where dynamo guards the empty hooks of
+# the modules it calls itself (``skip_nnmodule_hook_guards`` off): the compiled check
+# guards them as torch.compile does a module called directly
 _MODULE_HOOKS = frozenset(
     {
         "_forward_hooks",
@@ -194,6 +195,7 @@ class Deps:
         self.truncated: list[str] = []
         self.check: Callable[..., bool] = always
         self.compiled_check: Callable[..., bool] = always
+        self.compiled_lean: Callable[..., bool] = always
 
     def const(self, value: Any) -> str:
         name = f"K{len(self.names)}"
@@ -209,14 +211,12 @@ class Deps:
     def require(self, condition: str) -> None:
         self.lines.append(f"if not ({condition}): return False")
 
-    def eager_only(self, start: int) -> None:
-        """The lines from ``start`` on belong to the eager check only."""
+    def empty_hooks(self, start: int) -> None:
+        """The lines from ``start`` on check an empty hook dictionary: left out of
+        :attr:`compiled_lean` (the check where dynamo skips empty hooks' guards)."""
         for i in range(start, len(self.lines)):
-            line = self.lines[i]
-            if line.startswith(COMPILED):
-                self.lines[i] = "pass"
-            elif not line.startswith(EAGER):
-                self.lines[i] = EAGER + line
+            if not self.lines[i].startswith(HOOKS):
+                self.lines[i] = HOOKS + self.lines[i]
 
     def finish(self) -> None:
         roots, names = self.num_roots, self.names
@@ -224,6 +224,10 @@ class Deps:
         # for use inside torch.compile: closure cells and globals are read through
         # helpers that also work on functions dynamo made in the compiled region
         self.compiled_check = compile_check(self.lines, roots, names, compiled=True)[0]
+        self.compiled_lean = self.compiled_check
+        if any(line.startswith(HOOKS) for line in self.lines):
+            lean = [line for line in self.lines if not line.startswith(HOOKS)]
+            self.compiled_lean = compile_check(lean, roots, names, compiled=True)[0]
 
 
 class _Walker:
@@ -439,12 +443,11 @@ class _Walker:
         for name in sorted(state, key=str):
             if name in _MODULE_SKIP or str(name).startswith(_COMPOSABLE):
                 continue
-            start, lifted = len(deps.lines), len(deps.lifted)
+            start = len(deps.lines)
             node = deps.node(var, f".__dict__[{name!r}]")
             self.walk(node, state[name], f"{path}.{name}", depth + 1)
-            if name in _MODULE_HOOKS and len(deps.lifted) == lifted and _skip_hooks():
-                # (a hook that captures a tensor keeps its lines: they fill its slot)
-                deps.eager_only(start)
+            if name in _MODULE_HOOKS and not state[name]:
+                deps.empty_hooks(start)
         for group in ("_parameters", "_buffers", "_modules"):
             table = state.get(group, {})
             node = deps.node(var, f".{group}")
@@ -470,11 +473,6 @@ class _Walker:
             if hasattr(value, name):
                 sub = deps.node(var, f".{name}")
                 self.walk(sub, getattr(value, name), f"{path}.{name}", depth + 1)
-
-
-def _skip_hooks() -> bool:
-    dynamo = sys.modules.get("torch._dynamo")
-    return dynamo is None or bool(dynamo.config.skip_nnmodule_hook_guards)
 
 
 def _slot_names(cls: type) -> list[str]:

@@ -56,7 +56,13 @@ EAGER = "#eager "
 COMPILED = "#compiled "
 
 
+# a line of an empty hook dictionary's check (see ``Deps.compiled_lean``)
+HOOKS = "#hooks "
+
+
 def _accessors(line: str, compiled: bool) -> str:
+    if line.startswith(HOOKS):
+        line = line[len(HOOKS) :]
     if line.startswith(EAGER):
         return "pass" if compiled else line[len(EAGER) :]
     if line.startswith(COMPILED):
