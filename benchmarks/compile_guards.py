@@ -22,8 +22,9 @@ what ``TORCH_LOGS=guards`` prints), and ``by_root`` the leaf guards grouped by t
 first step of their source (``L['model']``, ``G['raggedfn']``, a global's name...).
 ``check_us`` is the time of one evaluation of the guard tree on the call's frame
 locals (median of repeats), ``step_ms`` the time of one compiled training step
-(forward, loss and backward; median of ``--repeats``, after warm-up), ``--threads``
-threads.
+(forward, loss and backward; median of ``--repeats`` rounds in which every system
+runs once, in rotated order, after warm-up), ``--threads`` threads. Method: the
+guard manager objects of dynamo's cache entry, not its logs.
 
 Usage: ``python -m benchmarks.compile_guards [--layers 2] [--hidden 64] [--batch 8]
 [--repeats 20] [--backend aot_eager] [--threads 1] [--json PATH [--markdown PATH]]``.
@@ -44,7 +45,7 @@ import torch
 from torch import Tensor
 
 import raggedfn
-from benchmarks._standalone import cli, header
+from benchmarks._standalone import cli, header, rotated_rounds, timed
 
 VOCAB = 1024
 
@@ -73,7 +74,9 @@ def make_batch(batch: int, seed: int = 1) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
-def systems(model: Any, ids: Tensor, mask: Tensor) -> dict[str, tuple[Callable[..., Tensor], tuple]]:
+def systems(
+    model: Any, ids: Tensor, mask: Tensor
+) -> dict[str, tuple[Callable[..., Tensor], tuple]]:
     """Each system's loss function and its arguments (what ``torch.compile`` wraps)."""
     tokens = raggedfn.from_padded(ids, mask=mask)
     layout = tokens.layout
@@ -136,7 +139,9 @@ def guard_tree(entry: Any) -> dict[str, Any]:
             by_source[source] += len(leaves)
         stack.extend(node.get_child_managers())
     # relational guards and shape guards live on the root
-    epilogue = len(root.get_epilogue_lambda_guards()) if hasattr(root, "get_epilogue_lambda_guards") else 0
+    epilogue = (
+        len(root.get_epilogue_lambda_guards()) if hasattr(root, "get_epilogue_lambda_guards") else 0
+    )
     return {
         "guards": sum(by_kind.values()) + epilogue,
         "nodes": nodes,
@@ -155,10 +160,9 @@ def _frame_locals(fn: Callable[..., Any], args: tuple) -> dict[str, Any]:
     return frame
 
 
-def measure(
-    name: str, fn: Callable[..., Tensor], args: tuple, backend: str, repeats: int
-) -> dict[str, Any]:
-    torch._dynamo.reset()
+def measure(name: str, fn: Callable[..., Tensor], args: tuple, backend: str, repeats: int) -> Any:
+    """Compile ``fn`` (first call: forward and backward), count its guards and time
+    their evaluation; returns the row and the compiled function."""
     compiled = torch.compile(fn, fullgraph=True, backend=backend)
     start = time.perf_counter()
     compiled(*args).backward()
@@ -172,7 +176,6 @@ def measure(
     frame = _frame_locals(fn, args)
     check = entries[0].guard_manager.check
     if not check(frame):
-        print(str(entries[0].guard_manager)[:3000])
         raise RuntimeError(f"{name}: the guards fail on the call's own arguments")
     check_s = []
     for _ in range(repeats):
@@ -180,20 +183,8 @@ def measure(
         for _ in range(10):
             check(frame)
         check_s.append((time.perf_counter() - start) / 10)
-    step_s = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        compiled(*args).backward()
-        step_s.append(time.perf_counter() - start)
-    entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(fn.__code__)
-    if len(entries) != 1:
-        raise RuntimeError(f"{name}: recompiled while timing")
-    return {
-        **tree,
-        "check_us": 1e6 * statistics.median(check_s),
-        "step_ms": 1e3 * statistics.median(step_s),
-        "compile_s": compile_s,
-    }
+    row = {**tree, "check_us": 1e6 * statistics.median(check_s), "compile_s": compile_s}
+    return row, compiled
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -202,25 +193,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ids, mask = make_batch(args.batch)
     chosen = systems(model, ids, mask)
     rows = {}
+    steps = {}
+    torch._dynamo.reset()
     for name in args.systems:
         fn, fn_args = chosen[name]
         fn(*fn_args).backward()  # eager once: map's trace of the per-sample function
-        rows[name] = measure(name, fn, fn_args, args.backend, args.repeats)
+        rows[name], compiled = measure(name, fn, fn_args, args.backend, args.repeats)
+        steps[name] = timed(lambda c=compiled, a=fn_args: c(*a).backward())
         model.zero_grad(set_to_none=True)
+    timing = rotated_rounds(steps, args.repeats, ours=args.systems[-1])
+    for name in args.systems:
+        rows[name]["step_ms"] = timing["median_ms"][name]
+        entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(chosen[name][0].__code__)
+        if len(entries) != 1:
+            raise RuntimeError(f"{name}: recompiled while timing")
     record = {
         **header("compile_guards", args),
         "method": "leaf guards of the guard manager tree of the frame's one cache entry "
         "(torch._dynamo.eval_frame._debug_get_cache_entry_list); lines = str(guard_manager)",
         "config": {
-            "layers": args.layers, "hidden": args.hidden, "batch": args.batch,
-            "backend": args.backend, "repeats": args.repeats,
+            "layers": args.layers,
+            "hidden": args.hidden,
+            "batch": args.batch,
+            "backend": args.backend,
+            "repeats": args.repeats,
             "lengths": mask.sum(1).tolist(),
-        },  # fmt: skip
+        },
         "rows": rows,
     }
     if "padded" in rows:
         record["added_over_padded"] = {
-            name: r["guards"] - rows["padded"]["guards"] for name, r in rows.items() if name != "padded"
+            name: r["guards"] - rows["padded"]["guards"]
+            for name, r in rows.items()
+            if name != "padded"
         }
     return record
 

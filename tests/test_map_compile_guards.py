@@ -117,7 +117,9 @@ def test_eager_map_always_sees_a_new_hook():
     handle = model.linear.register_forward_hook(_add_one)
     try:
         after = raggedfn.map(model, x).values
-        loop = torch.cat([model(x.values[o : o + n]) for o, n in zip(x.offsets, x.sizes)])
+        loop = torch.cat(
+            [model(x.values[o : o + n]) for o, n in zip(x.offsets, x.sizes, strict=True)]
+        )
         torch.testing.assert_close(after, loop)
         assert not torch.allclose(after, before)
     finally:
