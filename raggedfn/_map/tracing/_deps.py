@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._deps_check import COMPILED, EAGER, HOOKS, always, compile_check
+from ._deps_check import COMPILED, EAGER, HOOKS, MODULE_HOOKS, always, compile_check
 
 MAX_ITEMS = 256
 MAX_DEPTH = 10
@@ -78,23 +78,6 @@ _MODULE_SKIP = frozenset(
         "_load_state_dict_pre_hooks",
         "_load_state_dict_post_hooks",
         "_version",
-    }
-)
-
-# a module's hooks: compared eagerly; inside torch.compile an empty hook dictionary
-# (or no full backward hook) is guarded only where dynamo guards the empty hooks of
-# the modules it calls itself (``skip_nnmodule_hook_guards`` off): the compiled check
-# guards them as torch.compile does a module called directly
-_MODULE_HOOKS = frozenset(
-    {
-        "_forward_hooks",
-        "_forward_pre_hooks",
-        "_forward_hooks_with_kwargs",
-        "_forward_pre_hooks_with_kwargs",
-        "_forward_hooks_always_called",
-        "_backward_hooks",
-        "_backward_pre_hooks",
-        "_is_full_backward_hook",
     }
 )
 
@@ -446,7 +429,7 @@ class _Walker:
             start = len(deps.lines)
             node = deps.node(var, f".__dict__[{name!r}]")
             self.walk(node, state[name], f"{path}.{name}", depth + 1)
-            if name in _MODULE_HOOKS and not state[name]:
+            if name in MODULE_HOOKS and not state[name]:
                 deps.empty_hooks(start)
         for group in ("_parameters", "_buffers", "_modules"):
             table = state.get(group, {})
