@@ -92,22 +92,32 @@ CACHE: collections.OrderedDict[Any, Entry] = collections.OrderedDict()
 class _Variants:
     """Variant id -> variant as attributes, for compiled code: dynamo guards each
     attribute it reads and reads it live, so a variant traced while compiling is
-    found, and adding or dropping others never recompiles a graph."""
+    found, and adding or dropping others never recompiles a graph. Each attribute is
+    a holder function with the variant in its ``__annotations__`` (see
+    ``_compiled._registered``: dynamo reads what is below it without guards)."""
 
     def get(self, vid: str) -> Variant | None:
-        return self.__dict__.get(vid)
+        holder = self.__dict__.get(vid)
+        return None if holder is None else holder.__annotations__["variant"]
 
     def pop(self, vid: str, default: Any = None) -> Any:
-        return self.__dict__.pop(vid, default)
+        holder = self.__dict__.pop(vid, None)
+        return default if holder is None else holder.__annotations__["variant"]
 
     def clear(self) -> None:
         self.__dict__.clear()
 
     def __setitem__(self, vid: str, variant: Variant) -> None:
-        self.__dict__[vid] = variant
+        def holder() -> None:
+            """Holds one variant for compiled code."""
+
+        holder.__annotations__ = {"variant": variant}
+        self.__dict__[vid] = holder
 
     def setdefault(self, vid: str, variant: Variant) -> Variant:
-        return self.__dict__.setdefault(vid, variant)
+        if vid not in self.__dict__:
+            self[vid] = variant
+        return self.get(vid)  # type: ignore[return-value]
 
 
 REGISTRY = _Variants()

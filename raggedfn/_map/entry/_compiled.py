@@ -131,6 +131,30 @@ def _find_candidates(key: Any, loose: tuple[Any, ...]) -> tuple[Any, ...]:
         )
 
 
+def _registered(vid: str) -> Any:
+    """The cached variant ``vid``. Dynamo reads the registry's attribute live (a
+    variant traced while compiling is found) and guards that one attribute; the
+    variant itself sits in its holder's ``__annotations__``, through which dynamo
+    installs no guard (``torch._dynamo.variables.functions.fn_var_getattr``). What is
+    read from a variant (its signature, its compiled check and the constants in that
+    check's closure, its plan, which the interpreter walks) is map's own data, fixed
+    once the variant exists, so it needs none: the guards left are those the check
+    installs on what ``f`` reads (module state, captured numbers, tensor metadata)."""
+    return getattr(_cache.REGISTRY, vid).__annotations__["variant"]
+
+
+@torch._dynamo.assume_constant_result
+def _empty_hooks_unguarded() -> bool:
+    """Whether dynamo skips the guards of empty module hooks (its default): then the
+    compiled check does too (``Deps.compiled_lean``)."""
+    return bool(torch._dynamo.config.skip_nnmodule_hook_guards)
+
+
+def _check(variant: Any) -> Any:
+    deps = variant.deps
+    return deps.compiled_lean if _empty_hooks_unguarded() else deps.compiled_check
+
+
 @torch._dynamo.assume_constant_result
 def _trace_now(f: Any, token: Any, structure: Any, dims: Any, layouts: Any, *flat: Any) -> Any:
     """Trace ``f`` while dynamo runs: ``f`` is a real function or module (or ``None``
@@ -254,11 +278,11 @@ def compiled_map(
     chosen = None
     lifted: list[Any] = []
     for vid in _candidates(_cache.function_key(f), loose):
-        variant = getattr(_cache.REGISTRY, vid)
+        variant = _registered(vid)
         if not _fits(variant.static[2], leaves):
             continue
         lifted = [None] * len(variant.deps.lifted)
-        if variant.deps.compiled_check(*roots, lifted):
+        if _check(variant)(*roots, lifted):
             chosen = variant
             break
     token = None
@@ -286,7 +310,7 @@ def compiled_map(
                 flat.append(leaf)
         traced = None if token is not None else f
         vid = _trace_now(traced, token, _describe(args), dims, tuple(layouts), *flat)
-        chosen = getattr(_cache.REGISTRY, vid) if vid is not None else None
+        chosen = _registered(vid) if vid is not None else None
         if chosen is None:
             raise fail(
                 "map",
@@ -305,7 +329,7 @@ def compiled_map(
                 "per-sample loop cannot run inside fullgraph=True",
             )
         lifted = [None] * len(chosen.deps.lifted)
-        if not chosen.deps.compiled_check(*roots, lifted):
+        if not _check(chosen)(*roots, lifted):
             raise fail("map", "inside torch.compile, the state f reads did not match its trace")
     plan = chosen.plans[0]
     if plan.unknown:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._deps_check import COMPILED, EAGER, always, compile_check
+from ._deps_check import COMPILED, EAGER, HOOKS, MODULE_HOOKS, always, compile_check
 
 MAX_ITEMS = 256
 MAX_DEPTH = 10
@@ -178,6 +178,7 @@ class Deps:
         self.truncated: list[str] = []
         self.check: Callable[..., bool] = always
         self.compiled_check: Callable[..., bool] = always
+        self.compiled_lean: Callable[..., bool] = always
 
     def const(self, value: Any) -> str:
         name = f"K{len(self.names)}"
@@ -193,12 +194,23 @@ class Deps:
     def require(self, condition: str) -> None:
         self.lines.append(f"if not ({condition}): return False")
 
+    def empty_hooks(self, start: int) -> None:
+        """The lines from ``start`` on check an empty hook dictionary: left out of
+        :attr:`compiled_lean` (the check where dynamo skips empty hooks' guards)."""
+        for i in range(start, len(self.lines)):
+            if not self.lines[i].startswith(HOOKS):
+                self.lines[i] = HOOKS + self.lines[i]
+
     def finish(self) -> None:
         roots, names = self.num_roots, self.names
         self.check, self.source = compile_check(self.lines, roots, names, compiled=False)
         # for use inside torch.compile: closure cells and globals are read through
         # helpers that also work on functions dynamo made in the compiled region
         self.compiled_check = compile_check(self.lines, roots, names, compiled=True)[0]
+        self.compiled_lean = self.compiled_check
+        if any(line.startswith(HOOKS) for line in self.lines):
+            lean = [line for line in self.lines if not line.startswith(HOOKS)]
+            self.compiled_lean = compile_check(lean, roots, names, compiled=True)[0]
 
 
 class _Walker:
@@ -234,6 +246,11 @@ class _Walker:
 
     def _equal(self, var: str, value: Any) -> None:
         deps = self.deps
+        if value is None or type(value) is bool:
+            # a singleton: identity is type and value at once (inside torch.compile one
+            # guard, where ``type(v) is bool and v == True`` installs two)
+            deps.require(f"{var} is {value!r}")
+            return
         t = deps.const(type(value))
         if type(value) in (bool, int, str) or (type(value) is float and math.isfinite(value)):
             # a literal: dynamo reads a number in a global as a graph input under
@@ -409,8 +426,11 @@ class _Walker:
         for name in sorted(state, key=str):
             if name in _MODULE_SKIP or str(name).startswith(_COMPOSABLE):
                 continue
+            start = len(deps.lines)
             node = deps.node(var, f".__dict__[{name!r}]")
             self.walk(node, state[name], f"{path}.{name}", depth + 1)
+            if name in MODULE_HOOKS and not state[name]:
+                deps.empty_hooks(start)
         for group in ("_parameters", "_buffers", "_modules"):
             table = state.get(group, {})
             node = deps.node(var, f".{group}")

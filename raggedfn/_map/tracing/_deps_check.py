@@ -5,7 +5,8 @@ False``, ``lifted[0] = v5``); :func:`compile_check` joins them into ``check(r0, 
 lifted)``, which returns whether every recorded fact still holds and fills the lifted
 slots on the way. Closure cells and globals are read directly in the eager check and
 through helpers in the compiled one (they also work on functions dynamo made); lines
-marked :data:`EAGER` or :data:`COMPILED` belong to one of the two only.
+marked :data:`EAGER` or :data:`COMPILED` belong to one of the two only; lines marked
+:data:`HOOKS` (an empty hook dictionary) are left out of the lean compiled check.
 """
 
 from __future__ import annotations
@@ -32,7 +33,17 @@ def compile_check(
     )
     namespace = dict(names)
     if compiled:
+        # the constants as closure cells, not globals: dynamo guards every global an
+        # inlined function reads, but reads a closure through the function's own
+        # source, which for a check reached through ``_compiled._variants`` installs
+        # no guard (the constants are fixed for the variant)
         namespace.update(_cell=cell, _global=global_of, _static=static)
+        params = ", ".join(namespace)
+        inner = "\n".join("    " + line for line in source.splitlines())
+        source = f"def _make({params}):\n{inner}\n    return check\n"
+        scope: dict[str, Any] = {}
+        exec(compile(source, "<raggedfn.map guards>", "exec"), scope)
+        return scope["_make"](**namespace), source
     exec(compile(source, "<raggedfn.map guards>", "exec"), namespace)
     return namespace["check"], source
 
@@ -46,7 +57,30 @@ EAGER = "#eager "
 COMPILED = "#compiled "
 
 
+# a line of an empty hook dictionary's check (see ``Deps.compiled_lean``)
+HOOKS = "#hooks "
+
+# a module's hooks: compared eagerly; inside torch.compile an empty hook dictionary
+# (or no full backward hook) is guarded only where dynamo guards the empty hooks of
+# the modules it calls itself (``skip_nnmodule_hook_guards`` off): the compiled check
+# guards them as torch.compile does a module called directly
+MODULE_HOOKS = frozenset(
+    {
+        "_forward_hooks",
+        "_forward_pre_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+        "_backward_hooks",
+        "_backward_pre_hooks",
+        "_is_full_backward_hook",
+    }
+)
+
+
 def _accessors(line: str, compiled: bool) -> str:
+    if line.startswith(HOOKS):
+        line = line[len(HOOKS) :]
     if line.startswith(EAGER):
         return "pass" if compiled else line[len(EAGER) :]
     if line.startswith(COMPILED):
