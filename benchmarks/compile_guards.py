@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 import raggedfn
+from benchmarks import plots
 from benchmarks._standalone import cli, header, rotated_rounds, timed
 
 VOCAB = 1024
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--systems", nargs="+", default=["padded", "map", "map functional"],
         choices=["padded", "map", "map functional"],
     )  # fmt: skip
-    return cli(parser, run, markdown, argv)
+    return cli(parser, run, markdown, argv, plot=plots.plot_compile_guards)
 
 
 if __name__ == "__main__":

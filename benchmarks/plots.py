@@ -174,6 +174,14 @@ def plot_one_row(record: dict[str, Any], path: Path) -> bool:
     )  # fmt: skip
 
 
+def plot_compile_guards(record: dict[str, Any], path: Path) -> bool:
+    groups = {name: {"leaf guards": row["guards"]} for name, row in record["rows"].items()}
+    return write_bars(
+        path, "Guards dynamo installs per compiled HF BERT step (lower is better)", groups,
+        "leaf guards", target=1000, log=False,
+    )  # fmt: skip
+
+
 def plot_bert_full(record: dict[str, Any], path: Path) -> bool:
     kind = "compiled" if record["compiled"] else "eager"
     groups = {
@@ -242,6 +250,7 @@ PLOTTERS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "map_bert": plot_map_bert,
     "map_retrace": plot_map_retrace,
     "one_row": plot_one_row,
+    "compile_guards": plot_compile_guards,
     "bert_full": plot_bert_full,
     "compiled_layer": plot_compiled_layer,
     "fsdp_ddp": plot_fsdp_ddp,
