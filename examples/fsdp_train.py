@@ -163,6 +163,9 @@ def main() -> None:
                 f"({len(sampler)} steps per rank, {world} ranks)",
                 flush=True,
             )
+    # every rank done with the group before any tears it down (gloo aborts a rank whose
+    # peer closes the connection under it: 'terminate called without an active exception')
+    dist.barrier()
     dist.destroy_process_group()
 
 

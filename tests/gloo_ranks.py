@@ -70,4 +70,5 @@ def _worker(
         except Exception as error:  # reported as a problem: a raise would leave peers waiting
             results[name] = [f"raised {type(error).__name__}: {error}"]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.barrier()  # no rank tears the group down under a peer (gloo aborts that peer)
     dist.destroy_process_group()
