@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -128,3 +128,15 @@ def outer_layout(layout: Layout, inner: Layout, outer: int) -> Layout:
     head = [a for a in layout.axes if a.ragged and a.index < outer]
     tail = [Axis(True, outer + a.index, a.index == 0) if a.ragged else a for a in inner.axes]
     return Layout((*head, *tail))
+
+
+def one_level_deeper(dim: Any, rank: int) -> Any:
+    """Axes ``dim`` of a nested value's sample (a one-level ``Ragged`` of logical rank
+    ``rank``) as the axes of the nested batch: ``k >= 0`` is ``k + 1``, a negative axis
+    counts from the end in both, ``None`` (every axis of the sample) is every axis but
+    the batch's first; tuples axis by axis."""
+    if dim is None:
+        return tuple(range(1, rank + 1))
+    if isinstance(dim, (tuple, list)):
+        return tuple(one_level_deeper(d, rank) for d in dim)
+    return dim + 1 if dim >= 0 else dim

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import ops
+from ..._axes import one_level_deeper
 from ._stand_ins import DenseStandIn, SampleStandIn, _record, recorder, tree_leaves, tree_map
 
 # ops without an axis argument: the same call on the batch
@@ -26,15 +27,6 @@ _DIM = {
 _SIGNATURES: dict[Any, inspect.Signature] = {}
 
 
-def _deeper(dim: Any, rank: int) -> Any:
-    """A sample's axis as the nested batch's (``rank``: the sample's logical rank)."""
-    if dim is None:
-        return tuple(range(1, rank + 1))
-    if isinstance(dim, (tuple, list)):
-        return tuple(_deeper(d, rank) for d in dim)
-    return dim + 1 if dim >= 0 else dim
-
-
 def _batch_args(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
     if name in _SAME:
         return args, kwargs
@@ -46,7 +38,7 @@ def _batch_args(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: st
     x = bound.arguments["x"]
     if not isinstance(x, SampleStandIn):
         recorder().fail(f"raggedfn.{name} of a per-sample tensor and a sample")
-    bound.arguments["dim"] = _deeper(bound.arguments.get("dim"), x.ndim)
+    bound.arguments["dim"] = one_level_deeper(bound.arguments.get("dim"), x.ndim)
     return bound.args, bound.kwargs
 
 
