@@ -18,6 +18,7 @@ from property_tests.reference import assert_same, samples
 from raggedfn._map.caching import _cache
 from raggedfn._map.rules import _lazy_pairs
 from raggedfn.ops import _attention
+from tests import test_map_attention_paths as paths
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:<class 'torch.autograd.function.Function'> should not be instantiated"
@@ -29,15 +30,10 @@ H, D = 2, 4
 
 
 def _x(lengths=LENGTHS, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return raggedfn.from_list(
-        [torch.randn(n, H, D, generator=gen, dtype=torch.float64) for n in lengths]
-    )
+    return paths._x(lengths, seed)  # the same samples as the attention-path tests
 
 
-def _grid(n):
-    i = torch.arange(n)
-    return i[:, None], i[None, :]
+_grid = paths._grid
 
 
 MASKS = {
