@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import math
 import os
 import tempfile
@@ -115,11 +116,24 @@ def main() -> None:
         dist.init_process_group(
             "nccl" if cuda else "gloo", init_method=f"file://{store}", rank=0, world_size=1
         )
-    rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    train(args, device)
+    # Free the model while the group is alive: map's traces keep the modules f called
+    # (and, through FSDP2's state, the process group) until cleared, and FSDP2's modules
+    # sit in reference cycles that only the garbage collector frees. Then every rank is
+    # done with the group before any tears it down.
+    raggedfn.map_cache_clear()
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, device: torch.device) -> None:
+    """Shard the model over the group's ranks and train it; print the epochs on rank 0."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
 
     dataset = Sequences(args.samples, args.mean_length, args.seed)
@@ -163,10 +177,6 @@ def main() -> None:
                 f"({len(sampler)} steps per rank, {world} ranks)",
                 flush=True,
             )
-    # every rank done with the group before any tears it down (gloo aborts a rank whose
-    # peer closes the connection under it: 'terminate called without an active exception')
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

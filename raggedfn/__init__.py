@@ -9,7 +9,7 @@ from ._construct_nested import from_nested_lengths, from_segment_ids
 from ._errors import RaggedError, RaggedPerformanceWarning
 from ._interop import positions, segment_ids
 from ._layout import Axis, Layout
-from ._map import CacheInfo, MapReport, map, map_cache_info, map_report
+from ._map import CacheInfo, MapReport, map, map_cache_clear, map_cache_info, map_report
 from ._padded import from_padded, mask, to_padded
 from ._ragged import Ragged
 from .ops import *  # noqa: F403
@@ -36,6 +36,7 @@ __all__ = [
     "from_segment_ids",
     "from_sizes",
     "map",
+    "map_cache_clear",
     "map_cache_info",
     "map_report",
     "mask",

@@ -10,6 +10,7 @@ by a gloo process group, as a user's ``torchrun`` would start them.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import warnings
 from collections.abc import Callable, Mapping
@@ -18,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+import raggedfn
 
 Check = Callable[[int], list[str]]
 
@@ -70,5 +73,8 @@ def _worker(
         except Exception as error:  # reported as a problem: a raise would leave peers waiting
             results[name] = [f"raised {type(error).__name__}: {error}"]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    # free what holds the group while it is alive (map's traces keep FSDP2's modules)
+    raggedfn.map_cache_clear()
+    gc.collect()
     dist.barrier()  # no rank tears the group down under a peer (gloo aborts that peer)
     dist.destroy_process_group()

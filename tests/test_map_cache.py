@@ -8,6 +8,13 @@ call, and equals the per-sample loop in values and gradients at every step.
 
 from __future__ import annotations
 
+import gc
+import subprocess
+import sys
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -174,3 +181,67 @@ def test_a_tuple_argument_and_a_bare_one_do_not_share_a_plan():
 
 def scaled(t):
     return t * t.shape[-1]
+
+
+class _Owner:
+    """An object in a reference cycle, which a trace's check compares by identity (so
+    the trace keeps it alive), as FSDP2's state is reached through its hooks."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        self.layer = layer
+        self.me = self
+
+
+def _owned_layer() -> tuple[Callable[[torch.Tensor], torch.Tensor], weakref.ref[_Owner]]:
+    owner = _Owner(torch.nn.Linear(3, 3))
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return owner.layer(t).sum(0)
+
+    return f, weakref.ref(owner)
+
+
+def test_map_cache_clear_frees_what_f_read_and_the_next_call_traces_again() -> None:
+    torch.manual_seed(0)
+    x = raggedfn.from_list([torch.randn(2, 3), torch.randn(4, 3)])
+    f, ref = _owned_layer()
+    layer = ref().layer  # type: ignore[union-attr]
+    expected = torch.stack([layer(x[i]).sum(0) for i in range(2)])
+    torch.testing.assert_close(raggedfn.map(f, x), expected)
+    assert raggedfn.map_cache_info(f).traces == 1
+    raggedfn.map_cache_clear()
+    assert raggedfn.map_cache_info(f) == raggedfn.CacheInfo(0, 0, 0, 0, 0)
+    torch.testing.assert_close(raggedfn.map(f, x), expected)  # traced again, same answer
+    assert raggedfn.map_cache_info(f).traces == 1
+    del f, layer
+    raggedfn.map_cache_clear()
+    gc.collect()
+    assert ref() is None
+
+
+# registered before raggedfn is imported, so it runs after raggedfn's own exit handler
+_AT_EXIT = """
+import atexit, gc, weakref
+atexit.register(lambda: print("alive at exit:", ref() is not None, flush=True))
+import torch, raggedfn
+from tests.test_map_cache import _owned_layer
+f, ref = _owned_layer()
+raggedfn.map(f, raggedfn.from_list([torch.randn(2, 3), torch.randn(4, 3)]))
+del f
+gc.collect()
+print("alive after del:", ref() is not None, flush=True)
+"""
+
+
+def test_traces_are_freed_at_exit_before_the_interpreter_is_torn_down() -> None:
+    # a gloo group held by FSDP2's state, which a trace kept, aborted the process when
+    # it was freed during interpreter finalization
+    done = subprocess.run(
+        [sys.executable, "-c", _AT_EXIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "alive at exit: False" in done.stdout, done.stdout + done.stderr

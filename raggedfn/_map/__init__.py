@@ -8,6 +8,6 @@ plan), ``running`` (a plan on a batch), ``caching`` (plans per signature, the wa
 
 from .base import MapReport
 from .caching import CacheInfo
-from .entry import map, map_cache_info, map_report
+from .entry import map, map_cache_clear, map_cache_info, map_report
 
-__all__ = ["CacheInfo", "MapReport", "map", "map_cache_info", "map_report"]
+__all__ = ["CacheInfo", "MapReport", "map", "map_cache_clear", "map_cache_info", "map_report"]

@@ -12,9 +12,11 @@ sizes fail every plan's guards get a new plan (or the per-sample loop).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import functools
+import gc
 import itertools
 import types
 from typing import Any, NamedTuple
@@ -196,9 +198,23 @@ def info(f: Any) -> CacheInfo:
 
 
 def clear() -> None:
-    """Forget every trace (tests and benchmarks that measure tracing use this)."""
+    """Forget every trace (:func:`raggedfn.map_cache_clear`; tests and benchmarks that
+    measure tracing use this)."""
     CACHE.clear()
     REGISTRY.clear()
+
+
+def _clear_at_exit() -> None:
+    """Free what the traces hold while the interpreter is whole: their checks keep what
+    ``f`` reads (modules, and through FSDP2's or DDP's state a process group) alive, and
+    a gloo group whose last reference goes during interpreter finalization aborts the
+    process ('terminate called without an active exception'). The modules' reference
+    cycles are collected here too, for the same reason."""
+    clear()
+    gc.collect()
+
+
+atexit.register(_clear_at_exit)
 
 
 __all__ = [

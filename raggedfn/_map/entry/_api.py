@@ -1,4 +1,5 @@
-"""``raggedfn.map``, ``raggedfn.map_report`` and ``raggedfn.map_cache_info``."""
+"""``raggedfn.map``, ``raggedfn.map_report``, ``raggedfn.map_cache_info`` and
+``raggedfn.map_cache_clear``."""
 
 from __future__ import annotations
 
@@ -360,4 +361,28 @@ def map_cache_info(f: Callable[..., Any]) -> CacheInfo:
     return _cache.info(f)
 
 
-__all__ = ["map", "map_cache_info", "map_report"]
+def map_cache_clear() -> None:
+    """Forget every trace ``raggedfn.map`` keeps, as ``functools.lru_cache``'s
+    ``cache_clear`` does.
+
+    A trace keeps what ``f`` reads to check it later (the modules it calls, the
+    objects it captures), so a model mapped once stays alive until its traces are
+    evicted or cleared. Clear them to free such a model without ending the process,
+    or before ``torch.distributed.destroy_process_group()`` where ``f`` calls modules
+    wrapped by FSDP2 or DDP (their state holds the process group). At exit the traces
+    are cleared by themselves. The next call of each function traces it again.
+
+    Examples:
+        >>> import torch, raggedfn
+        >>> x = raggedfn.from_list([torch.ones(2, 3), torch.ones(4, 3)])
+        >>> def f(t):
+        ...     return t.sum(0)
+        >>> _ = raggedfn.map(f, x)
+        >>> raggedfn.map_cache_clear()
+        >>> raggedfn.map_cache_info(f).traces
+        0
+    """
+    _cache.clear()
+
+
+__all__ = ["map", "map_cache_clear", "map_cache_info", "map_report"]
