@@ -144,6 +144,27 @@ SLICES = {
             # pair blocks (_blocks.py) and the interpreter shortcuts (added 2026-12-03)
             "tests/test_map_blocks.py",
             "tests/test_map_warm_paths.py",
+            # attention's paths and lazy masks (rules/_attention.py, _lazy_pairs.py),
+            # nested values (nested/), products, indexing, randomness, empty batches,
+            # fixed rows, one-row samples, size probes, user errors, the cache and
+            # random programs (about 50 s together; the generated programs run in
+            # worker processes, out of mutmut's sight)
+            "tests/test_map_attention_paths.py",
+            "tests/test_map_lazy_masks.py",
+            "tests/test_map_block_softmax.py",
+            "tests/test_map_nested_batched.py",
+            "tests/test_map_products.py",
+            "tests/test_map_diff.py",
+            "tests/test_map_randomness.py",
+            "tests/test_map_empty_batch.py",
+            "tests/test_map_fixed_rows.py",
+            "tests/test_map_one_row.py",
+            "tests/test_map_probe_sizes.py",
+            "tests/test_map_user_errors.py",
+            "tests/test_map_cache.py",
+            "property_tests/test_map_props.py",
+            # FSDP2 around map (entry/_fsdp.py) in this process: a gloo group of one rank
+            "tests/test_map_fsdp_one_rank.py",
         ),
     ),
 }
