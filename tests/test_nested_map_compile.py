@@ -227,3 +227,23 @@ def test_what_only_the_loop_can_run_is_refused_under_fullgraph_and_runs_outside_
         warnings.simplefilter("ignore", raggedfn.RaggedPerformanceWarning)
         got = loose(x)
     _assert_samples(got, [f(x[i]) for i in range(x.batch_size)])
+
+
+def _feature_sums(doc: raggedfn.Ragged) -> torch.Tensor:
+    """Reads the feature width (the same in every document, so the record may)."""
+    s = raggedfn.sum(doc, 1)
+    return s.reshape(-1, s.shape[-1]).sum(0) * s.shape[-1]
+
+
+def test_a_new_feature_width_is_recorded_anew() -> None:
+    fresh()
+    compiled = torch.compile(
+        lambda x: raggedfn.map(_feature_sums, x), fullgraph=True, dynamic=True, backend="eager"
+    )
+    counts = [len(doc) for doc in DOCS[0]]
+    rows = [n for doc in DOCS[0] for n in doc]
+    for width in (4, 6, 4):
+        x = raggedfn.from_nested_lengths(
+            torch.randn(32, width, dtype=torch.float64), [counts, rows]
+        )
+        torch.testing.assert_close(compiled(x), torch.stack(_loop(_feature_sums, x)))
