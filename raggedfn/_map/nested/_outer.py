@@ -111,9 +111,9 @@ class Outside(TorchFunctionMode):
 
 def _callable(func: Any) -> Any:
     """``func`` as dynamo can call it: a property's getter (``w.T``) as ``getattr``."""
-    owner = getattr(func, "__self__", None)
-    if getattr(func, "__name__", None) == "__get__" and hasattr(owner, "__name__"):
-        return _Getter(owner.__name__)
+    attribute = getattr(getattr(func, "__self__", None), "__name__", None)
+    if getattr(func, "__name__", None) == "__get__" and attribute is not None:
+        return _Getter(attribute)
     return func
 
 
