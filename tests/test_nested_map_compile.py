@@ -247,3 +247,48 @@ def test_a_new_feature_width_is_recorded_anew() -> None:
             torch.randn(32, width, dtype=torch.float64), [counts, rows]
         )
         torch.testing.assert_close(compiled(x), torch.stack(_loop(_feature_sums, x)))
+
+
+class _DocumentEncoder(torch.nn.Module):
+    def __init__(self, p: Params) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: raggedfn.Ragged) -> torch.Tensor:
+        return raggedfn.map(encode, x, self.p, in_dims=(0, None))[0]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_torch_export_with_dynamic_shapes_runs_new_batches(strict: bool) -> None:
+    p = _params()
+    x = _documents(DOCS[0])
+    program = torch.export.export(
+        _DocumentEncoder(p), (x,), dynamic_shapes=(raggedfn.dynamic_shapes(x),), strict=strict
+    )
+    for seed, shape in enumerate(DOCS[1:]):
+        y = _documents(shape, seed)
+        torch.testing.assert_close(program.module()(y), _stack(_loop(encode, y, p))[0])
+
+
+def _half_frozen(doc: raggedfn.Ragged, w: torch.Tensor) -> torch.Tensor:
+    """Torch code on a shared tensor under ``torch.no_grad()`` inside ``f``."""
+    with torch.no_grad():
+        frozen = w * 2.0
+    return raggedfn.sum(raggedfn.linear(doc, frozen + w), 1).sum(0)
+
+
+def test_torch_code_f_runs_under_no_grad_keeps_its_grad_mode_in_the_graph() -> None:
+    fresh()
+    x = _documents(DOCS[0])
+    w = torch.randn(D, D, dtype=torch.float64)
+
+    def step(x: raggedfn.Ragged, w: torch.Tensor) -> Any:
+        return torch.func.grad(
+            lambda w: raggedfn.map(_half_frozen, x, w, in_dims=(0, None)).pow(2).sum()
+        )(w)
+
+    def loop(w: torch.Tensor) -> torch.Tensor:
+        return torch.stack(_loop(_half_frozen, x, w)).pow(2).sum()
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, w), torch.func.grad(loop)(w))

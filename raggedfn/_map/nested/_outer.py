@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
+from ..._ragged import Ragged
 from ._replay import Captured
 from ._stand_ins import DenseStandIn, SampleStandIn, _name, recorder, tree_leaves, tree_map
 
@@ -33,6 +35,7 @@ class Made(NamedTuple):
     args: tuple[Any, ...]  # tensors as Captured (Unknown where not found)
     kwargs: dict[str, Any]
     slots: tuple[int | None, ...]  # the made index of each pytree leaf of the result
+    grad: bool | None  # the grad mode f set around it (``torch.no_grad()``), or None
 
 
 class Unknown(NamedTuple):
@@ -68,8 +71,11 @@ class Outside(TorchFunctionMode):
         self.keep = keep  # the tensors named by id, kept alive (ids stay unique)
         self.made: list[Made] = []
         self.count = 0
+        self.grad = torch.is_grad_enabled()  # the mode around f (the graph's, replayed)
 
     def name(self, value: Any) -> Any:
+        if isinstance(value, Ragged):  # not the sample's: the record would keep it
+            return Unknown(f"a Ragged value of layout {value.layout}")
         if not isinstance(value, Tensor):
             return value
         found = self.known.get(id(value))
@@ -105,7 +111,9 @@ class Outside(TorchFunctionMode):
                 slots.append(None)
         self.keep.append(out)
         node_args, node_kwargs = tree_map(self.name, (tuple(args), dict(kwargs)))
-        self.made.append(Made(_callable(func), node_args, node_kwargs, tuple(slots)))
+        grad = torch.is_grad_enabled()
+        where = None if grad == self.grad else grad
+        self.made.append(Made(_callable(func), node_args, node_kwargs, tuple(slots), where))
         return out
 
 

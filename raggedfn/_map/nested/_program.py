@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
@@ -118,7 +119,11 @@ def run(
 
     for node in program.made:
         args, kwargs = tree_map(fill, (node.args, node.kwargs))
-        out = node.fn(*args, **kwargs)
+        if node.grad is None:
+            out = node.fn(*args, **kwargs)
+        else:  # under the grad mode f set around it
+            with torch.set_grad_enabled(node.grad):
+                out = node.fn(*args, **kwargs)
         for slot, value in zip(node.slots, pytree.tree_leaves(out), strict=True):
             if slot is not None:
                 made[slot] = value
