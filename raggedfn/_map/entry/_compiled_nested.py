@@ -47,6 +47,7 @@ from ._compiled import (
 from ._compiled import _memo as _once
 
 MAX_PROGRAMS = 8  # per function and argument kinds
+MAX_SLOTS = 256  # functions and argument kinds
 
 
 class _Programs:
@@ -121,6 +122,9 @@ def _record(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ..
     program.fits = tuple(_fit(leaf, kind) for leaf, kind in zip(leaves, kinds, strict=True))
     pid = PROGRAMS.add(program)
     slot = (_cache.function_key(f), _loose(leaves, kinds, treespec, dims), _cache.global_state())
+    if slot not in _INDEX and len(_INDEX) >= MAX_SLOTS:  # the oldest function's records
+        for old in _INDEX.pop(next(iter(_INDEX))):
+            PROGRAMS.drop(old)
     found = _INDEX.setdefault(slot, [])
     found.insert(0, pid)
     while len(found) > MAX_PROGRAMS:

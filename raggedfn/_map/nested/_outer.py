@@ -113,23 +113,8 @@ class Outside(TorchFunctionMode):
         node_args, node_kwargs = tree_map(self.name, (tuple(args), dict(kwargs)))
         grad = torch.is_grad_enabled()
         where = None if grad == self.grad else grad
-        self.made.append(Made(_callable(func), node_args, node_kwargs, tuple(slots), where))
+        self.made.append(Made(func, node_args, node_kwargs, tuple(slots), where))
         return out
-
-
-def _callable(func: Any) -> Any:
-    """``func`` as dynamo can call it: a property's getter (``w.T``) as ``getattr``."""
-    attribute = getattr(getattr(func, "__self__", None), "__name__", None)
-    if getattr(func, "__name__", None) == "__get__" and attribute is not None:
-        return _Getter(attribute)
-    return func
-
-
-class _Getter(NamedTuple):
-    attribute: str
-
-    def __call__(self, value: Any) -> Any:
-        return getattr(value, self.attribute)
 
 
 def needed(made: list[Made], reads: list[Any]) -> list[Made]:
