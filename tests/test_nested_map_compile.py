@@ -292,3 +292,41 @@ def test_torch_code_f_runs_under_no_grad_keeps_its_grad_mode_in_the_graph() -> N
 
     compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x, w), torch.func.grad(loop)(w))
+
+
+def test_a_per_document_lambda_made_inside_torch_func_grad_in_the_region() -> None:
+    """The common style: the lambda captures the parameters the transform wraps."""
+    fresh()
+    p = _params()
+
+    def step(x: raggedfn.Ragged, p: Params) -> Any:
+        return torch.func.grad_and_value(
+            lambda p: _loss(raggedfn.map(lambda doc: encode(doc, p), x))
+        )(p)
+
+    def loop(x: raggedfn.Ragged, p: Params) -> Any:
+        return torch.func.grad_and_value(lambda p: _loss(_stack(_loop(encode, x, p))))(p)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
+    for seed, shape in enumerate(DOCS[:2]):
+        x = _documents(shape, seed)
+        (grads, value), (want, want_value) = compiled(x, p), loop(x, p)
+        torch.testing.assert_close(value, want_value)
+        for name in p:
+            torch.testing.assert_close(grads[name], want[name], msg=name)
+    assert graphs() == (1, 0)
+
+
+def test_an_empty_batch_inside_the_region_raises_as_one_level_map_does() -> None:
+    """B = 0 specializes a graph; the one-level map of the encoder's torch code refuses an
+    empty batch inside the graph (a clear RaggedError, never a wrong answer)."""
+    fresh()
+    x = raggedfn.from_nested_lengths(torch.zeros(0, D, dtype=torch.float64), [[], []])
+    compiled = torch.compile(
+        lambda x, p: raggedfn.map(encode, x, p, in_dims=(0, None)),
+        fullgraph=True,
+        dynamic=True,
+        backend="eager",
+    )
+    with pytest.raises(Exception, match="an empty batch"):
+        compiled(x, _params())
