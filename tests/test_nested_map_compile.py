@@ -330,3 +330,23 @@ def test_an_empty_batch_inside_the_region_raises_as_one_level_map_does() -> None
     )
     with pytest.raises(Exception, match="an empty batch"):
         compiled(x, _params())
+
+
+def _contiguous(doc: raggedfn.Ragged, w: torch.Tensor) -> torch.Tensor:
+    """``w.contiguous()`` returns ``w`` itself: a made result that is also an argument."""
+    return raggedfn.sum(raggedfn.linear(doc, w.contiguous() * 2.0), 1).sum(0)
+
+
+def test_torch_code_returning_its_own_input_is_replayed() -> None:
+    fresh()
+    x = _documents(DOCS[0])
+    w = torch.randn(D, D, dtype=torch.float64)
+    compiled = torch.compile(
+        lambda x, w: raggedfn.map(_contiguous, x, w, in_dims=(0, None)),
+        fullgraph=True,
+        dynamic=True,
+        backend="eager",
+    )
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, w), torch.stack(_loop(_contiguous, x, w)))
+        w = torch.randn(D, D, dtype=torch.float64)

@@ -100,6 +100,8 @@ class Outside(TorchFunctionMode):
         flat = pytree.tree_leaves(out)
         if not any(isinstance(v, Tensor) for v in flat):
             return out  # metadata (shapes, dtypes): the same in the graph, which guards them
+        # named before its results: one may be an input itself (``w.contiguous()``)
+        node_args, node_kwargs = tree_map(self.name, (tuple(args), dict(kwargs)))
         slots: list[int | None] = []
         for value in flat:
             if isinstance(value, Tensor):
@@ -110,7 +112,6 @@ class Outside(TorchFunctionMode):
             else:
                 slots.append(None)
         self.keep.append(out)
-        node_args, node_kwargs = tree_map(self.name, (tuple(args), dict(kwargs)))
         grad = torch.is_grad_enabled()
         where = None if grad == self.grad else grad
         self.made.append(Made(func, node_args, node_kwargs, tuple(slots), where))
