@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch._dynamo.utils import counters
 
 import raggedfn
@@ -350,3 +352,17 @@ def test_torch_code_returning_its_own_input_is_replayed() -> None:
     for _ in range(2):
         torch.testing.assert_close(compiled(x, w), torch.stack(_loop(_contiguous, x, w)))
         w = torch.randn(D, D, dtype=torch.float64)
+
+
+_RANDOM_STEP = torch.compile(grad_step, fullgraph=True, dynamic=True, backend="eager")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=st.lists(st.lists(st.integers(0, 4), max_size=4), min_size=1, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_random_documents_compiled_equal_the_loop(shape: list[list[int]], seed: int) -> None:
+    """B >= 1 (an empty batch: see above); empty documents and sentences, B = 1."""
+    x, p = _documents(shape, seed), _params(seed)
+    _assert_same(_RANDOM_STEP(x, p), loop_step(x, p))
