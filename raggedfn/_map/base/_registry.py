@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 RULES: dict[Any, Callable[..., Any]] = {}
 
 
@@ -43,6 +45,19 @@ SCHEMA_ARGS: dict[Any, tuple[tuple[str, bool, bool, Any], ...]] = {}
 
 def schema_args(target: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
     """``(name, kwarg_only, has_default, default)`` of each argument of an op's schema."""
+    if torch.compiler.is_compiling():
+        # a constant to dynamo: its view of the table is taken at its first read, and a
+        # trace made later in the same compile (a second map in the region) fills it
+        return _schema_args_now(target)
+    return _schema_args(target)
+
+
+@torch._dynamo.assume_constant_result
+def _schema_args_now(target: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
+    return _schema_args(target)
+
+
+def _schema_args(target: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
     found = SCHEMA_ARGS.get(target)
     if found is None:
         found = tuple(

@@ -33,6 +33,7 @@ from ..running._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
 from ..running._split import empty_result
 from ..tracing._trace import tracing
 from ._compiled import EAGER, compiled_map
+from ._compiled_nested import compiled_nested_map
 from ._fsdp import around
 
 _RANDOMNESS = ("different", "same", "error")
@@ -60,8 +61,6 @@ def _map(
         # a nested value's samples are one-level Ragged values: f runs on each of them
         # (its sizes count elements per level, not extents; no trace of them yet)
         reason = "f maps over a nested value (its samples are Ragged values)"
-        if torch.compiler.is_compiling():
-            raise fail("map", f"{reason}: not supported inside torch.compile")
 
         def run_map(g: Any, g_args: tuple[Any, ...], g_dims: Any, part: MapReport | None) -> Any:
             if part is None:  # (a report reads the cold path)
@@ -69,6 +68,21 @@ def _map(
                 if out is not _warm.MISS:
                     return out
             return _map(g, g_args, g_dims, strict, randomness, part, chunk_elements)
+
+        if torch.compiler.is_compiling():
+
+            def run_segment(g: Any, inputs: tuple[Any, ...], shared: list[Any]) -> Any:
+                dims = (0,) * len(inputs) + (None,) * len(shared)
+                return _map(g, (*inputs, *shared), dims, strict, randomness, None, chunk_elements)
+
+            out = compiled_nested_map(
+                f, args, leaves, kinds, treespec, dims, randomness, run_segment
+            )
+            if out is EAGER:  # a graph break (not under fullgraph=True)
+                return _outside_the_graph(
+                    f, args, in_dims, strict, randomness, report, chunk_elements
+                )
+            return out
 
         try:
             return nested_map(f, leaves, kinds, treespec, run_map, randomness, report)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import Tensor
 from torch.utils import _pytree as pytree
@@ -26,6 +26,26 @@ class Shared:
     """A tensor ``f`` captured, by position among a segment's shared arguments."""
 
     index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Captured:
+    """Inside ``torch.compile``, a tensor of a record that is not the sample's, by where
+    the compiled region has it: ``"arg"`` (a leaf of ``map``'s arguments), ``"lifted"``
+    (a tensor ``f`` captures, a slot of its dependency check) or ``"made"`` (a result of
+    torch code ``f`` ran on those, ``_outer.py``)."""
+
+    kind: str
+    index: int
+
+
+class Step(NamedTuple):
+    """A batch node, or a segment with the refs it reads and its shared values."""
+
+    node: Node | None
+    segment: Segment | None
+    inputs: tuple[Ref, ...]
+    shared: tuple[Any, ...]
 
 
 def _leaf(value: Any) -> bool:
@@ -74,12 +94,13 @@ def _is_ref(value: Any) -> bool:
     return isinstance(value, Ref)
 
 
-def _segment(nodes: list[Node], later: set[Ref]) -> tuple[Segment, tuple[Ref, ...], list[Tensor]]:
-    """The segment of ``nodes``, the refs it reads from outside and its shared tensors."""
+def _segment(nodes: list[Node], later: set[Ref]) -> tuple[Segment, tuple[Ref, ...], list[Any]]:
+    """The segment of ``nodes``, the refs it reads from outside and its shared tensors
+    (or where a compiled region has them: ``Captured``)."""
     defined: set[Ref] = set()
     inputs: list[Ref] = []
-    shared: list[Tensor] = []
-    ids: dict[int, int] = {}
+    shared: list[Any] = []
+    ids: dict[Any, int] = {}
     rewritten = []
 
     def lift(value: Any) -> Any:
@@ -87,11 +108,12 @@ def _segment(nodes: list[Node], later: set[Ref]) -> tuple[Segment, tuple[Ref, ..
             if value not in defined and value not in inputs:
                 inputs.append(value)
             return value
-        if isinstance(value, Tensor):
-            if id(value) not in ids:
-                ids[id(value)] = len(shared)
+        if isinstance(value, (Tensor, Captured)):
+            key = value if isinstance(value, Captured) else id(value)
+            if key not in ids:
+                ids[key] = len(shared)
                 shared.append(value)
-            return Shared(ids[id(value)])
+            return Shared(ids[key])
         return value
 
     for node in nodes:
@@ -106,6 +128,29 @@ def _reads(node: Node) -> set[Ref]:
     return {v for v in tree_leaves((node.args, node.kwargs)) if isinstance(v, Ref)}
 
 
+def steps(nodes: list[Node], output: Any) -> list[Step]:
+    """The record as steps: each batch node, and each run of per-sample nodes as one
+    segment (``output``: ``f``'s output template)."""
+    wanted = [{r for r in pytree.tree_leaves(output, is_leaf=_leaf) if isinstance(r, Ref)}]
+    for node in reversed(nodes):  # refs read by each node or after it
+        wanted.append(wanted[-1] | _reads(node))
+    wanted.reverse()  # wanted[i]: read by nodes[i:] or the output
+    out: list[Step] = []
+    i = 0
+    while i < len(nodes):
+        if nodes[i].kind == "batch":
+            out.append(Step(nodes[i], None, (), ()))
+            i += 1
+            continue
+        end = i
+        while end < len(nodes) and nodes[end].kind == "sample":
+            end += 1
+        segment, inputs, shared = _segment(nodes[i:end], wanted[end])
+        out.append(Step(None, segment, inputs, tuple(shared)))
+        i = end
+    return out
+
+
 def replay(
     nodes: list[Node],
     env: dict[Ref, Any],
@@ -114,14 +159,9 @@ def replay(
     batched: dict[str, int],
 ) -> Any:
     """The batched output of the record (``output``: ``f``'s output template)."""
-    wanted = [{r for r in pytree.tree_leaves(output, is_leaf=_leaf) if isinstance(r, Ref)}]
-    for node in reversed(nodes):  # refs read by each node or after it
-        wanted.append(wanted[-1] | _reads(node))
-    wanted.reverse()  # wanted[i]: read by nodes[i:] or the output
-    i = 0
-    while i < len(nodes):
-        node = nodes[i]
-        if node.kind == "batch":
+    for step in steps(nodes, output):
+        node, segment = step.node, step.segment
+        if node is not None:
             node_args, node_kwargs = tree_map(
                 lambda v: env[v] if isinstance(v, Ref) else v, (node.args, node.kwargs)
             )
@@ -132,14 +172,9 @@ def replay(
             _bind(node.out, result, env)
             name = f"raggedfn.{node.fn.__name__}"
             batched[name] = batched.get(name, 0) + 1
-            i += 1
             continue
-        end = i
-        while end < len(nodes) and nodes[end].kind == "sample":
-            end += 1
-        segment, inputs, shared = _segment(nodes[i:end], wanted[end])
-        outs = run_segment(segment, tuple(env[r] for r in inputs), shared)
+        assert segment is not None
+        outs = run_segment(segment, tuple(env[r] for r in step.inputs), list(step.shared))
         for ref, value in zip(segment.outputs, outs, strict=True):
             env[ref] = value
-        i = end
     return tree_map(lambda v: env[v] if isinstance(v, Ref) else v, output)

@@ -3,6 +3,7 @@ record on the batch; or say why not (then ``map`` runs the per-sample loop)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -103,14 +104,19 @@ def _memo_key(f: Callable[..., Any], leaves: list[Any], kinds: list[str]) -> Any
 
 
 def record(
-    f: Callable[..., Any], leaves: list[Any], kinds: list[str], treespec: Any
+    f: Callable[..., Any],
+    leaves: list[Any],
+    kinds: list[str],
+    treespec: Any,
+    outside: Any = None,
 ) -> tuple[Recorder, dict[Ref, Any], Any]:
-    """Run ``f`` once on stand-ins: its record, the batch's values by ref, its output."""
+    """Run ``f`` once on stand-ins: its record, the batch's values by ref, its output
+    (``outside``: a mode entered around ``f``, ``_outer.Outside`` for a compiled region)."""
     key = _memo_key(f, leaves, kinds)
     rec = Recorder(_memo.start(key))
     stand_ins, env = _stand_ins(leaves, kinds, rec)
     args = pytree.tree_unflatten(stand_ins, treespec)
-    with recording(rec):
+    with recording(rec), outside if outside is not None else contextlib.nullcontext():
         try:
             out = f(*args)
         except NotRecordable:
@@ -173,7 +179,3 @@ def nested_map(
             report.guards.extend(part.guards)
             report.unbatched.update(part.unbatched)
     return out
-
-
-def compiling() -> bool:
-    return torch.compiler.is_compiling()
