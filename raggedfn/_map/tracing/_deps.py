@@ -42,16 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._deps_check import (
-    COMPILED,
-    EAGER,
-    HOOKS,
-    MODULE_HOOKS,
-    TABLE,
-    TYPED,
-    always,
-    compile_check,
-)
+from ._deps_check import COMPILED, EAGER, HOOKS, MODULE_HOOKS, TABLE, TYPED, always, compile_check
 
 MAX_ITEMS = 256
 MAX_DEPTH = 10
