@@ -131,7 +131,10 @@ def _fill_exact_type(ctx: Any) -> None:
     value = var.as_python_constant()
     if type(value) not in _TYPED:
         return
-    guards = tx.output.guards.source_to_guards.get(var.source, ())
+    by_source = getattr(tx.output.guards, "source_to_guards", None)
+    if by_source is None:  # a dynamo without that index: ask plainly
+        return
+    guards = by_source.get(var.source, ())
     names = {getattr(getattr(g.create_fn, "func", g.create_fn), "__name__", "") for g in guards}
     if not names.intersection(_VALUE_GUARDS):
         return
