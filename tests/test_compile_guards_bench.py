@@ -31,4 +31,13 @@ def test_compile_guards_record(tmp_path):
     # map's own cache, plans and check constants add no guard: what it adds over the
     # padded model is the check of the module's state (before: 17x padded at 2 layers)
     assert mapped["guards"] < 6 * padded["guards"], (mapped["guards"], padded["guards"])
+    # per module of the model, what the check of its state costs: its type, one guard
+    # per parameter / buffer / submodule dict (their length), one per scalar attribute
+    # (its value, which dynamo compares by type too), and its tensors (18.4 per module
+    # with a type guard beside each dict's and each number's value guard)
+    modules = len(list(compile_guards.make_model(1, 16).modules()))
+    model_guards = mapped["by_root"]["L['model']"]
+    assert model_guards < 15 * modules, (model_guards, modules)
+    functional = record["rows"]["map functional"]["by_root"]["L['one']"]
+    assert functional < 15 * modules, (functional, modules)
     assert "leaf guards" in compile_guards.markdown(record)

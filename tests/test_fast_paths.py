@@ -236,7 +236,7 @@ def test_compiled_plain_attention_takes_the_varlen_op_with_every_option(causal, 
         for t in (q, k, v):
             raggedfn.mark_dynamic(t)
             t.values.requires_grad_(True)
-        with spy(_varlen, "_batched") as batched, spy(_varlen, "_heads") as looped:
+        with spy(_varlen, "_batched") as batched, spy(_varlen, "_head_views") as looped:
             out = compiled(q, k, v)
             grads = torch.autograd.grad(out.values.sum(), [q.values, k.values, v.values])
         assert (bool(batched), bool(looped)) == (uniform, not uniform)

@@ -141,3 +141,91 @@ def test_singletons_are_compared_by_identity():
     for flag, factor in ((False, 2), (0, 3), (None, 5), (False, 2), (0, 3)):
         cfg.flag = flag
         torch.testing.assert_close(raggedfn.map(f, x).values, x.values * factor)
+
+
+def _kinds(fn) -> list[tuple[str, str]]:
+    """``(source, guard kind)`` of every leaf guard of the frame's cache entries."""
+    out = []
+    for entry in torch._dynamo.eval_frame._debug_get_cache_entry_list(fn.__code__):
+        stack = [entry.guard_manager.root]
+        while stack:
+            node = stack.pop()
+            out.extend((node.get_source(), type(g).__name__) for g in node.get_leaf_guards())
+            stack.extend(node.get_child_managers())
+    return out
+
+
+def test_numbers_and_module_dicts_get_one_guard_each():
+    # an int attribute: its value guard alone (dynamo's EQUALS_MATCH compares the type
+    # too); a module's parameter, buffer and submodule dicts: their length alone (the
+    # entries' lookups guard the keys)
+    model = Scaled()
+    step, compiled = _compiled(model)
+    b = _batch()
+    torch.testing.assert_close(compiled(*b), step(*b))
+    kinds = _kinds(step)
+    width = [k for s, k in kinds if s.endswith("['in_features']")]
+    assert width == ["EQUALS_MATCH"], width
+    scale = [k for s, k in kinds if s.endswith("['scale']")]
+    assert scale == ["EQUALS_MATCH"], scale
+    for table in ("_parameters", "_buffers", "_modules"):
+        guards = sorted(k for s, k in kinds if s.endswith(f"linear']._{table[1:]}"))
+        assert guards == ["DICT_LENGTH"], (table, guards)
+
+
+class _Typed(torch.nn.Module):
+    """Its forward tells 1, True and 1.0 apart, which compare equal."""
+
+    def __init__(self, k) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.k = k
+
+    def forward(self, t):
+        factor = {bool: 2.0, int: 3.0, float: 5.0}[type(self.k)]
+        return self.linear(t) * factor
+
+
+@pytest.mark.parametrize("first, then", [(1, True), (True, 1), (1, 1.0), (1.0, 1)])
+def test_a_number_of_another_type_but_an_equal_value_is_traced_again(first, then):
+    model = _Typed(first)
+    step, compiled = _compiled(model)
+    b = _batch()
+    torch.testing.assert_close(compiled(*b), step(*b))
+    model.k = then
+    torch.testing.assert_close(compiled(*b), step(*b))
+    model.k = first
+    torch.testing.assert_close(compiled(*b), step(*b))
+
+
+class _Optional(torch.nn.Module):
+    """Its forward reads an entry of its dicts only where one exists."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, t):
+        out = self.linear(t)
+        if hasattr(self, "shift"):
+            out = out + self.shift
+        if hasattr(self.linear, "gain"):
+            out = out * self.linear.gain
+        return out
+
+
+def test_an_entry_added_renamed_or_removed_in_a_module_dict_is_seen():
+    model = _Optional()
+    step, compiled = _compiled(model)
+    b = _batch()
+    torch.testing.assert_close(compiled(*b), step(*b))
+    model.register_buffer("shift", torch.full((8,), 3.0))  # a buffer: length 0 -> 1
+    torch.testing.assert_close(compiled(*b), step(*b))
+    model.linear.gain = torch.nn.Parameter(torch.full((8,), -2.0))  # a parameter
+    torch.testing.assert_close(compiled(*b), step(*b))
+    # same length, another name
+    del model.linear.gain
+    model.linear.register_parameter("other", torch.nn.Parameter(torch.ones(8)))
+    torch.testing.assert_close(compiled(*b), step(*b))
+    del model.shift
+    torch.testing.assert_close(compiled(*b), step(*b))

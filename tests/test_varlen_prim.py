@@ -128,8 +128,10 @@ def test_per_sample_heads_are_views_unless_d_is_strided(unit_stride):
         for t in (q, k, v):
             assert t.values.stride(-1) != 1
             t.values.requires_grad_(True)
-    row = q.values[3:8].detach()
-    assert (_varlen._heads(row).data_ptr() == row.data_ptr()) == unit_stride
+    rows = q.values.detach()[:8]
+    views = _varlen._head_views(rows, [3, 5])
+    assert [t.shape for t in views] == [(1, 2, 3, 4), (1, 2, 5, 4)]
+    assert (views[1].data_ptr() == rows[3:8].data_ptr()) == unit_stride
     got = run(q, k, v, False)
     want = reference(q, k, v, False)
     torch.testing.assert_close(got, want)

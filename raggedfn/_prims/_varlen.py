@@ -30,13 +30,26 @@ def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _heads(t: Tensor) -> Tensor:
-    """``[N, H, D]`` rows of one sample as a ``[1, H, N, D]`` batch: a view where ``D`` is
-    the unit-stride axis (torch's CPU kernels read strided heads in place, as eager
-    ``raggedfn.attention`` calls them), else a copy (the kernel is slower on, and rounds
-    differently for, a strided ``D``)."""
-    view = t.transpose(0, 1).unsqueeze(0)
-    return view if view.stride(-1) == 1 else view.contiguous()
+def _head_views(t: Tensor, lengths: list[int]) -> tuple[Tensor, ...]:
+    """Each sample's ``[1, H, N_b, D]`` heads of packed ``[T, H, D]`` rows, by one
+    ``split``: views where ``D`` is the unit-stride axis (torch's CPU kernels read strided
+    heads in place, as eager ``raggedfn.attention`` calls them), else views of one
+    head-major copy (the kernel is slower on, and rounds differently for, a strided
+    ``D``)."""
+    heads = t.transpose(0, 1)
+    if heads.stride(-1) != 1:
+        heads = heads.contiguous()
+    return heads.unsqueeze(0).split(lengths, dim=2)
+
+
+def _lengths(bounds: list[tuple[int, int, int, int]]) -> tuple[list[int], list[int]]:
+    """Each sample's query and key lengths."""
+    return [q1 - q0 for q0, q1, _, _ in bounds], [k1 - k0 for _, _, k0, k1 in bounds]
+
+
+# the overloads themselves: no overload resolution per sample
+_KERNEL = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_KERNEL_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
 def _bounds(
@@ -90,27 +103,28 @@ def _varlen(
     masks = _masks(mask, bounds, q.dtype)
     batch = _uniform(bounds) if not any(m is not None for m in masks) else 0
     if batch:  # every sample has the same lengths: one batched kernel call on views
-        o, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            *(_batched(t, batch) for t in (q, k, v)), 0.0, causal, scale=scale
-        )
+        o, logsumexp = _KERNEL(*(_batched(t, batch) for t in (q, k, v)), 0.0, causal, scale=scale)
         return _unbatched(o), _unbatched(logsumexp.unsqueeze(-1)).squeeze(-1)
-    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
-    lse = q.new_full((q.shape[0], q.shape[1]), float("-inf"), dtype=_lse_dtype(q.dtype))
-    for (q0, q1, k0, k1), m in zip(bounds, masks, strict=True):
-        if q1 == q0 or k1 == k0:  # no rows, or no keys: zeros as torch's SDPA gives
+    # per sample on views (one split per input), the outputs joined by one cat each:
+    # no per-sample slicing, transposing or copying into preallocated outputs
+    lengths_q, lengths_k = _lengths(bounds)
+    qs, ks, vs = _head_views(q, lengths_q), _head_views(k, lengths_k), _head_views(v, lengths_k)
+    heads, lse_dtype = q.shape[1], _lse_dtype(q.dtype)
+    outs: list[Tensor] = []
+    lses: list[Tensor] = []
+    for query, key, value, m, n, keys in zip(qs, ks, vs, masks, lengths_q, lengths_k, strict=True):
+        if n == 0:
             continue
-        o, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            _heads(q[q0:q1]),
-            _heads(k[k0:k1]),
-            _heads(v[k0:k1]),
-            0.0,
-            causal,
-            attn_mask=m,
-            scale=scale,
-        )
-        out[q0:q1] = o[0].transpose(0, 1)
-        lse[q0:q1] = logsumexp[0].transpose(0, 1)
-    return out, lse
+        if keys == 0:  # no keys: zeros as torch's SDPA gives
+            outs.append(q.new_zeros(n, heads, v.shape[2]))
+            lses.append(q.new_full((n, heads), float("-inf"), dtype=lse_dtype))
+            continue
+        o, logsumexp = _KERNEL(query, key, value, 0.0, causal, attn_mask=m, scale=scale)
+        outs.append(o.squeeze(0).transpose(0, 1))  # [N, H, Dv]
+        lses.append(logsumexp.squeeze(0).transpose(0, 1))  # [N, H]
+    if not outs:
+        return q.new_zeros(0, heads, v.shape[2]), q.new_zeros(0, heads, dtype=lse_dtype)
+    return torch.cat(outs), torch.cat(lses)
 
 
 @_varlen.register_fake
@@ -137,7 +151,7 @@ def _varlen_backward(
     masks = _masks(mask, bounds, q.dtype)
     batch = _uniform(bounds) if not any(m is not None for m in masks) else 0
     if batch:
-        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grads = _KERNEL_BACKWARD(
             *(_batched(t, batch) for t in (grad, q, k, v, out)),
             _batched(lse.unsqueeze(-1), batch).squeeze(-1),
             0.0,
@@ -146,26 +160,30 @@ def _varlen_backward(
         )
         dq, dk, dv = (_unbatched(g) for g in grads)
         return dq, dk, dv
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for (q0, q1, k0, k1), m in zip(bounds, masks, strict=True):
-        if q1 == q0 or k1 == k0:
+    lengths_q, lengths_k = _lengths(bounds)
+    gs, qs, os = (_head_views(t, lengths_q) for t in (grad, q, out))
+    ks, vs = _head_views(k, lengths_k), _head_views(v, lengths_k)
+    # [1, H, N] views with the strides of the kernel's own logsumexp output
+    lses = lse.t().unsqueeze(0).split(lengths_q, dim=2)
+    dqs: list[Tensor] = []
+    dks: list[Tensor] = []
+    dvs: list[Tensor] = []
+    for b, m in enumerate(masks):
+        n, keys = lengths_q[b], lengths_k[b]
+        if n == 0 or keys == 0:  # nothing attended: zero gradients for the rows there are
+            dqs.append(q.new_zeros(n, *q.shape[1:]))
+            dks.append(k.new_zeros(keys, *k.shape[1:]))
+            dvs.append(v.new_zeros(keys, *v.shape[1:]))
             continue
-        gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            _heads(grad[q0:q1]),
-            _heads(q[q0:q1]),
-            _heads(k[k0:k1]),
-            _heads(v[k0:k1]),
-            _heads(out[q0:q1]),
-            lse[q0:q1].transpose(0, 1).unsqueeze(0).contiguous(),
-            0.0,
-            causal,
-            attn_mask=m,
-            scale=scale,
+        gq, gk, gv = _KERNEL_BACKWARD(
+            gs[b], qs[b], ks[b], vs[b], os[b], lses[b], 0.0, causal, attn_mask=m, scale=scale
         )
-        dq[q0:q1] = gq[0].transpose(0, 1)
-        dk[k0:k1] = gk[0].transpose(0, 1)
-        dv[k0:k1] = gv[0].transpose(0, 1)
-    return dq, dk, dv
+        dqs.append(gq.squeeze(0).transpose(0, 1))
+        dks.append(gk.squeeze(0).transpose(0, 1))
+        dvs.append(gv.squeeze(0).transpose(0, 1))
+    if not dqs:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    return torch.cat(dqs), torch.cat(dks), torch.cat(dvs)
 
 
 @_varlen_backward.register_fake

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._deps_check import COMPILED, EAGER, HOOKS, MODULE_HOOKS, always, compile_check
+from ._deps_check import COMPILED, EAGER, HOOKS, MODULE_HOOKS, TABLE, TYPED, always, compile_check
 
 MAX_ITEMS = 256
 MAX_DEPTH = 10
@@ -258,13 +258,16 @@ class _Walker:
             k = repr(value)
         else:
             k = deps.const(value)
+        # compiled, the type is read from dynamo's guard on the value, which compares
+        # the type too (one guard, not a type and a value guard: ``TYPED``)
+        typed = TYPED if type(value) in (int, float, complex, str, bytes) else ""
         if isinstance(value, float) and math.isnan(value):
-            deps.require(f"type({var}) is {t} and _isnan({var})")
+            deps.lines.append(f"{typed}if not (type({var}) is {t} and _isnan({var})): return False")
         else:
             if isinstance(value, float):
                 # compiled: a constant to dynamo, not a graph input (see _dynamo_reads.static)
                 deps.lines.append(f"{COMPILED}{var} = _static({var})")
-            deps.require(f"type({var}) is {t} and {var} == {k}")
+            deps.lines.append(f"{typed}if not (type({var}) is {t} and {var} == {k}): return False")
 
     def _tensor(self, var: str, value: Tensor, path: str) -> None:
         deps = self.deps
@@ -434,9 +437,13 @@ class _Walker:
         for group in ("_parameters", "_buffers", "_modules"):
             table = state.get(group, {})
             node = deps.node(var, f".{group}")
-            deps.require(f"tuple({node}) == {deps.const(tuple(table))}")
+            keys = tuple(table)
+            # compiled: one guard per dict (``TABLE``); nn.Module names are strings
+            mark = TABLE if all(type(k) is str and "'" not in k for k in keys) else ""
+            deps.lines.append(f"{mark}if not (tuple({node}) == {deps.const(keys)}): return False")
             for name, item in table.items():
                 sub = deps.node(node, f"[{name!r}]")
+                deps.lines[-1] = mark + deps.lines[-1]
                 self.walk(sub, item, f"{path}.{name}", depth + 1)
 
     def _object(self, var: str, value: Any, path: str, depth: int) -> None:

@@ -6,7 +6,10 @@ lifted)``, which returns whether every recorded fact still holds and fills the l
 slots on the way. Closure cells and globals are read directly in the eager check and
 through helpers in the compiled one (they also work on functions dynamo made); lines
 marked :data:`EAGER` or :data:`COMPILED` belong to one of the two only; lines marked
-:data:`HOOKS` (an empty hook dictionary) are left out of the lean compiled check.
+:data:`HOOKS` (an empty hook dictionary) are left out of the lean compiled check;
+lines marked :data:`TYPED` read a number's type from dynamo's value guard when compiled,
+and lines marked :data:`TABLE` a module's parameter, buffer and submodule dicts with one
+guard each.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ._dynamo_reads import cell, global_of, static
+from ._dynamo_reads import cell, entry_of, exact_type, global_of, keys_of, static
 
 
 def compile_check(
@@ -37,7 +40,14 @@ def compile_check(
         # inlined function reads, but reads a closure through the function's own
         # source, which for a check reached through ``_compiled._variants`` installs
         # no guard (the constants are fixed for the variant)
-        namespace.update(_cell=cell, _global=global_of, _static=static)
+        namespace.update(
+            _cell=cell,
+            _global=global_of,
+            _static=static,
+            _type=exact_type,
+            _keys=keys_of,
+            _entry=entry_of,
+        )
         params = ", ".join(namespace)
         inner = "\n".join("    " + line for line in source.splitlines())
         source = f"def _make({params}):\n{inner}\n    return check\n"
@@ -60,6 +70,21 @@ COMPILED = "#compiled "
 # a line of an empty hook dictionary's check (see ``Deps.compiled_lean``)
 HOOKS = "#hooks "
 
+# a line ``if not (type(vN) is KM and ...)`` on a number or string: compiled, the type
+# comes from dynamo's guard on the value (``_dynamo_reads.exact_type``), not a guard of
+# its own
+TYPED = "#typed "
+
+_TYPE_IS = re.compile(r"\btype\((v\d+)\) is (K\d+)")
+
+# a line on a module's parameter, buffer or submodule dict (its keys, or one entry):
+# compiled, read through ``_dynamo_reads.keys_of`` / ``entry_of`` (one guard per dict,
+# its length, where dynamo's own read guards its type and length)
+TABLE = "#table "
+
+_TABLE_KEYS = re.compile(r"\btuple\((v\d+)\) == ")
+_TABLE_ENTRY = re.compile(r"^(v\d+) = (v\d+)\[('[^']*')\]$")
+
 # a module's hooks: compared eagerly; inside torch.compile an empty hook dictionary
 # (or no full backward hook) is guarded only where dynamo guards the empty hooks of
 # the modules it calls itself (``skip_nnmodule_hook_guards`` off): the compiled check
@@ -81,6 +106,17 @@ MODULE_HOOKS = frozenset(
 def _accessors(line: str, compiled: bool) -> str:
     if line.startswith(HOOKS):
         line = line[len(HOOKS) :]
+    if line.startswith(TABLE):
+        line = line[len(TABLE) :]
+        if not compiled:
+            return line
+        entry = _TABLE_ENTRY.match(line)
+        if entry is not None:
+            return f"{entry[1]} = _entry({entry[2]}, {entry[3]})"
+        return _TABLE_KEYS.sub(r"_keys(\1) == ", line, count=1)
+    if line.startswith(TYPED):
+        line = line[len(TYPED) :]
+        return _TYPE_IS.sub(r"_type(\1, \2)", line, count=1) if compiled else line
     if line.startswith(EAGER):
         return "pass" if compiled else line[len(EAGER) :]
     if line.startswith(COMPILED):

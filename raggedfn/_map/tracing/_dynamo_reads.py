@@ -5,7 +5,8 @@ Helpers of the compiled dependency check (``_deps_check``) and of the interprete
 a function dynamo made in the compiled region (:func:`cell`, :func:`global_of`),
 whether it made one (:func:`made_inside`), the real function rebuilt from it for a
 trace while compiling (:func:`rebuilt`), and Python floats read as constants
-(:func:`static`). Outside compilation each is the plain Python read. Each reads
+(:func:`static`), and a number's or string's type known from dynamo's guard on its
+value (:func:`exact_type`). Outside compilation each is the plain Python read. Each reads
 dynamo's own view through a ``comptime`` hook (the ``_fill_*`` functions), which
 dynamo calls while it traces the caller.
 """
@@ -104,6 +105,135 @@ def static(value: Any) -> Any:
     if torch.compiler.is_compiling():
         comptime(_realize_static)
     return value
+
+
+# value types whose constant guard (dynamo's EQUALS_MATCH, or its NaN check) compares
+# the exact type before the value: 1, True and 1.0 fail each other's guard
+_TYPED = (int, float, complex, str, bytes)
+
+# the guard builders that guard a constant by type and value
+_VALUE_GUARDS = ("CONSTANT_MATCH", "EQUALS_MATCH")
+
+
+def _fill_exact_type(ctx: Any) -> None:
+    from torch._dynamo.variables import ConstantVariable
+    from torch._dynamo.variables.lazy import LazyVariableTracker
+
+    tx = ctx._i_will_not_complain_if_bc_breaks_InstructionTranslator()
+    var = tx.symbolic_locals.get("value")
+    kind = tx.symbolic_locals.get("kind")
+    if var is None or kind is None:
+        return
+    if isinstance(var, LazyVariableTracker):
+        var = var.realize()  # installs its value guard (a constant) or makes a symbol
+    if type(var) is not ConstantVariable or var.source is None:
+        return
+    value = var.as_python_constant()
+    if type(value) not in _TYPED:
+        return
+    by_source = getattr(tx.output.guards, "source_to_guards", None)
+    if by_source is None:  # a dynamo without that index: ask plainly
+        return
+    guards = by_source.get(var.source, ())
+    names = {getattr(getattr(g.create_fn, "func", g.create_fn), "__name__", "") for g in guards}
+    if not names.intersection(_VALUE_GUARDS):
+        return
+    if isinstance(kind, LazyVariableTracker):
+        # the check's own constant (fixed for the check): read without a guard
+        expected = kind.peek_value()
+    else:
+        try:
+            expected = kind.as_python_constant()
+        except NotImplementedError:
+            return
+    tx.symbolic_locals["out"] = ConstantVariable.create(type(value) is expected)
+
+
+def exact_type(value: Any, kind: type) -> bool:
+    """``type(value) is kind``. Inside torch.compile, for a number or string dynamo
+    guards by value (a constant read from user state), the answer comes from that
+    guard's value without a second guard on the type: dynamo's value guard compares
+    the type first (``EQUALS_MATCH``: 1, True and 1.0 fail each other's guard), so the
+    answer holds for every call the graph serves. A value dynamo does not guard that
+    way (a symbolic int, a value made in the compiled region) is asked plainly."""
+    if not torch.compiler.is_compiling():
+        return type(value) is kind
+    out = None
+    comptime(_fill_exact_type)
+    if out is None:
+        return type(value) is kind
+    return out
+
+
+def _unread_dict(tx: Any) -> tuple[Any, dict[Any, Any]] | None:
+    """The local ``table`` as dynamo holds it, where dynamo has not read it yet (a lazy
+    variable with a source) and it is a plain dict: ``(variable, the dict)``."""
+    from torch._dynamo.variables.lazy import LazyVariableTracker
+
+    var = tx.symbolic_locals.get("table")
+    if not isinstance(var, LazyVariableTracker) or var.is_realized() or var.source is None:
+        return None
+    real = var.peek_value()
+    if type(real) is not dict or not all(type(k) is str for k in real):
+        return None
+    return var, real
+
+
+def _fill_keys(ctx: Any) -> None:
+    from torch._dynamo.guards import GuardBuilder, install_guard
+    from torch._dynamo.variables import ConstantVariable
+
+    tx = ctx._i_will_not_complain_if_bc_breaks_InstructionTranslator()
+    found = _unread_dict(tx)
+    if found is None:
+        return
+    var, real = found
+    # its length (dynamo's dict length guard checks that it is a dict too); each key
+    # read below is guarded by the lookup of its entry
+    install_guard(var.source.make_guard(GuardBuilder.SEQUENCE_LENGTH))
+    tx.symbolic_locals["out"] = ConstantVariable.create(tuple(real))
+
+
+def _fill_entry(ctx: Any) -> None:
+    from torch._dynamo.source import DictGetItemSource
+    from torch._dynamo.variables.base import VariableTracker
+
+    tx = ctx._i_will_not_complain_if_bc_breaks_InstructionTranslator()
+    found = _unread_dict(tx)
+    if found is None:
+        return
+    var, real = found
+    key = tx.symbolic_locals["key"].as_python_constant()
+    if key not in real:
+        return
+    source = DictGetItemSource(var.source, key)
+    tx.symbolic_locals["out"] = VariableTracker.build(tx, real[key], source)
+
+
+def keys_of(table: dict[str, Any]) -> tuple[str, ...]:
+    """``tuple(table)``, for a module's parameter, buffer and submodule dicts. Inside
+    torch.compile, guarded by the dict's length alone: dynamo's own read of a dict adds
+    a guard on its type, which the length guard (a dict's) and the lookups of its
+    entries (:func:`entry_of`, each key) make redundant, one guard per dict."""
+    if not torch.compiler.is_compiling():
+        return tuple(table)
+    out = _MISSING
+    comptime(_fill_keys)
+    if out is _MISSING:
+        return tuple(table)
+    return out  # type: ignore[return-value]
+
+
+def entry_of(table: dict[str, Any], key: str) -> Any:
+    """``table[key]`` (see :func:`keys_of`): inside torch.compile read through the dict
+    without dynamo reading the dict itself."""
+    if not torch.compiler.is_compiling():
+        return table[key]
+    out = _MISSING
+    comptime(_fill_entry)
+    if out is _MISSING:
+        return table[key]
+    return out
 
 
 def made_inside(f: Any) -> bool:
@@ -278,7 +408,10 @@ def global_of(f: Any, name: str) -> Any:
 
 __all__ = [
     "cell",
+    "entry_of",
+    "exact_type",
     "global_of",
+    "keys_of",
     "made_inside",
     "one_graph",
     "rebuilt",
