@@ -19,8 +19,8 @@ import torch
 import raggedfn
 from property_tests.reference import assert_same, loop
 from raggedfn import RaggedError
-from raggedfn._map.base._sizes import Sz
 from raggedfn._map.base import _values
+from raggedfn._map.base._sizes import Sz
 from raggedfn._map.base._values import Ctx, RaggedB, Struct
 from raggedfn._map.caching import _lookup
 from raggedfn._map.entry import _api
