@@ -186,6 +186,20 @@ def test_chains_that_blocks_cannot_hold_run_the_ordinary_way():
     assert "aten.sum.dim_IntList" in plan_report.batched
 
 
+def _weights_times_themselves(s):
+    p = torch.tanh(s[:, None] * s[None])
+    a = torch.softmax(p.sum(-1), -1)  # [N, N], a value of the chain
+    return (a * 2.0) @ a  # a read whole as matmul's right operand: not one block's rows
+
+
+def test_a_chain_value_read_whole_ends_the_chain(tile):
+    """A value the chain makes exists only block by block: a step reading it whole (the
+    right operand of ``matmul``) is not a member; the chain before it still runs on
+    blocks."""
+    x = tokens(LENGTHS, seed=30)
+    _check(_weights_times_themselves, (x,), 0)
+
+
 def test_blocks_are_not_used_when_every_block_would_read_large_weights(monkeypatch):
     monkeypatch.setattr(_blocks, "TILE_ELEMENTS", 100)  # < 8 x the 148 weight elements
     x = tokens(LENGTHS, seed=30)

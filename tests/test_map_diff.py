@@ -399,6 +399,31 @@ def test_compiled_attention_with_a_mask_runs_the_varlen_op_with_it():
     assert any("varlen_attention" in t for t in targets), sorted(targets)
 
 
+def test_attention_with_a_mask_in_the_dynamo_branch_run_eagerly_takes_the_varlen_op(monkeypatch):
+    # the compiled test above cannot run under mutmut (dynamo does not trace its
+    # trampolines): map's branch under torch.compile, run eagerly with is_compiling()
+    # patched to True, takes the varlen custom op with the mask (_via_varlen_mask) too
+    from raggedfn import _prims
+
+    calls = []
+    real = _prims.varlen_attention
+    monkeypatch.setattr(_prims, "varlen_attention", lambda *a: calls.append(a[-1]) or real(*a))
+    f = _attention(False)  # positions that restart: masks that are not all True
+    raggedfn.map(f, tokens((5, 3), seed=4))  # the eager trace of f
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for seed, lengths in enumerate([(6, 2, 4), (3, 7), (5, 5, 2, 3)]):
+        calls.clear()
+        x = tokens(lengths, seed=seed)
+        values = x.values.clone().requires_grad_()
+        got = raggedfn.map(f, x.with_values(values))
+        want = loop(f, x.with_values(values))
+        assert_same(got, want)
+        assert len(calls) == 1 and calls[0].dtype == torch.bool, calls
+        grad = torch.autograd.grad(_loss(got), values)[0]
+        expected = torch.autograd.grad(sum(_loss(o) for o in want), values)[0]
+        torch.testing.assert_close(grad, expected)
+
+
 def _fields(x):
     return x.values, x.offsets, x.sizes
 

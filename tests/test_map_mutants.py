@@ -925,3 +925,37 @@ def test_the_dynamo_branch_finds_the_variant_of_a_dense_per_sample_leaf(monkeypa
     assert_same(raggedfn.map(_scaled, pair), want)
     _dynamo_branch(monkeypatch)
     assert_same(raggedfn.map(_scaled, pair), want)
+
+
+def _scores_against_the_first_three(t):
+    return t @ t.narrow(0, 0, min(3, t.shape[0])).T  # (n, min(3, n))
+
+
+def test_the_dynamo_branch_makes_a_trailing_fixed_axis_ragged_as_eagerly(monkeypatch):
+    # the plan under the guard n >= 3 has a fixed second axis (3): the output structure
+    # (two ragged axes, as eagerly) makes it ragged from shapes alone
+    # (tests/test_map_compile_structure.py compiles the same for real)
+    x = tokens((5, 6))
+    eager = raggedfn.map(_scores_against_the_first_three, x)
+    assert eager.num_ragged == 2
+    _dynamo_branch(monkeypatch)
+    for lengths in ((5, 6), (3, 4, 7), (4, 3)):
+        x = tokens(lengths)
+        got = raggedfn.map(_scores_against_the_first_three, x)
+        assert isinstance(got, raggedfn.Ragged) and got.layout == eager.layout
+        assert_same(got, loop(_scores_against_the_first_three, x))
+
+
+def _scaled_by(t, c):
+    return torch.tanh(t) * c
+
+
+def test_the_dynamo_branch_picks_the_variant_of_the_same_python_constant(monkeypatch):
+    # a Python number (in_dims=None) is a constant of its trace: the variant an eager call
+    # made with 2.0 serves 2.0 only; 3.0 is traced on the spot
+    x = tokens()
+    assert_same(raggedfn.map(_scaled_by, x, 2.0, in_dims=(0, None)), loop(_scaled_by, x, 2.0))
+    _dynamo_branch(monkeypatch)
+    for c in (2.0, 3.0, 2.0):
+        got = raggedfn.map(_scaled_by, x, c, in_dims=(0, None))
+        assert_same(got, [_scaled_by(t, c) for t in raggedfn.unbind(x)])

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import raggedfn
+from property_tests.reference import assert_same
 from raggedfn._map.nested._replay import Segment
 
 D = 4
@@ -349,3 +350,43 @@ def test_random_documents_equal_the_loop_in_values_and_gradients(
     got, expected = torch.func.grad(batched)(p), torch.func.grad(loop)(p)
     for name in p:
         torch.testing.assert_close(got[name], expected[name], msg=name)
+
+
+def test_the_report_holds_the_ops_of_the_torch_code_between_raggedfn_ops() -> None:
+    """The segments of plain torch code run through one-level ``map``: ``map_report``
+    over the nested value lists their batched ops and their per-sample loops."""
+    x = _documents(SHAPES["mixed"])
+
+    def f(doc: raggedfn.Ragged) -> torch.Tensor:
+        return torch.tanh(raggedfn.sum(doc, 1)) * 2  # (S, D): a segment of torch code
+
+    report = raggedfn.map_report(f, x)
+    assert report.whole_loop is None and report.fully_batched, str(report)
+    assert report.batched["raggedfn.sum"] == 1
+    assert report.batched["aten.tanh.default"] == 1 and report.batched["aten.mul.Tensor"] == 1
+    assert_same(report.output, _loop(f, x))
+
+    def g(doc: raggedfn.Ragged) -> torch.Tensor:
+        return torch.flip(torch.tanh(raggedfn.sum(doc, 1)), [0])  # flip: no batching rule
+
+    report = raggedfn.map_report(g, x)
+    assert report.whole_loop is None and not report.fully_batched
+    assert report.batched["aten.tanh.default"] == 1
+    where = "aten.flip.default (segment 0 of torch code on per-sample tensors)"
+    assert report.fallback == {where: "no batching rule"}
+    assert_same(report.output, _loop(g, x))
+
+
+def test_keyword_arguments_of_a_metadata_read_reach_torch() -> None:
+    """``Tensor.__repr__`` reads no sample data given ``tensor_contents`` (a keyword):
+    on a dense per-sample value it answers as on each sample (every document has a
+    sentence here: an empty tensor's repr names its size)."""
+    x = _documents([[2, 3], [1], [0, 4, 2], [3]])
+
+    def f(doc: raggedfn.Ragged) -> torch.Tensor:
+        d = raggedfn.sum(doc, 1)
+        return d * len(d.__repr__(tensor_contents="..."))
+
+    report = raggedfn.map_report(f, x)
+    assert report.fully_batched, str(report)
+    assert_same(report.output, _loop(f, x))

@@ -2,7 +2,8 @@
 pair state, ``p @ v`` contracting one, and DeBERTa's ``q @ pos_key^T`` against a
 shared or a per-sample (dense-batched) ``pos_key``, all through ``raggedfn.einsum``
 (length buckets, or one product of the packed rows), never the packed ``(m, k, n)``
-enumeration. Values and gradients against the per-sample loop, float64."""
+enumeration, which products of unequal batch axes take. Values and gradients against the
+per-sample loop, float64."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 import raggedfn
 from property_tests.reference import assert_same
+from raggedfn._map.rules import _linalg
 from raggedfn.ops import _products
 
 H, D, SPAN = 3, 4, 6
@@ -73,3 +75,26 @@ def test_head_products_take_einsum_and_equal_the_loop(pos_kind, monkeypatch):
     want_grads = torch.autograd.grad(_loss(torch.cat(want)), [ref_values, ref_pos])
     for g, w in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: (t @ t.T) @ t[None],  # (n, n) @ (1, n, D): m and k ragged
+        lambda t: torch.softmax(t @ t.T, -1)[None] @ t,  # (1, n, n) @ (n, D)
+        lambda t: t.T[None] @ (t @ t.T),  # (1, D, n) @ (n, n): k and n ragged
+    ],
+    ids=["m-k", "softmax-m-k", "k-n"],
+)
+def test_products_over_a_ragged_inner_axis_with_other_batch_axes_are_batched(f, monkeypatch):
+    """Operands of unequal batch axes (one has a leading 1) take the packed ``(m, k, n)``
+    enumeration, which sums over the ragged ``k`` into the rows of the ragged ``m`` or
+    ``n`` of the result."""
+    x, _, _ = _inputs()
+    sums = []
+    real = _linalg.segment
+    monkeypatch.setattr(_linalg, "segment", lambda *a: sums.append(a[-1]) or real(*a))
+    report = raggedfn.map_report(f, x)
+    assert report.fully_batched, str(report)
+    assert sums == ["sum"], sums  # the enumeration's sum over k, once
+    assert_same(report.output, [f(s) for s in raggedfn.unbind(x)])

@@ -161,6 +161,18 @@ def test_size_classes_of_two_ragged_axes_are_compared_at_every_call(took):
     assert took == [False, True, False]
 
 
+def test_a_memo_of_other_size_classes_is_passed_over_for_an_older_one(took):
+    """Two memos of one function that differ only in their size classes: a call whose
+    classes match the older one is served warm by it (the newer one is skipped, not the
+    end of the search)."""
+    f = lambda a, b: a.sum(0) + b.sum(0)  # noqa: E731
+    x, y = tokens((2, 3), seed=1), tokens((2, 3), seed=2)  # equal lengths: one class
+    z = tokens((3, 2), seed=3)  # lengths unlike x's: two classes
+    for a, b in ((x, y), (x, y), (x, z), (x, z), (x, y)):
+        assert_same(raggedfn.map(f, a, b), loop(f, a, b))
+    assert took == [False, True, False, True, True]
+
+
 def test_autocast_and_the_default_dtype_go_back_to_the_general_path(took):
     w = torch.randn(3, 4)
     f = lambda t: t @ w  # noqa: E731

@@ -19,6 +19,7 @@ import torch
 import raggedfn
 from property_tests.reference import assert_same, loop
 from raggedfn import RaggedError
+from raggedfn._map.base import _values
 from raggedfn._map.base._sizes import Sz
 from raggedfn._map.base._values import Ctx, RaggedB, Struct
 from raggedfn._map.caching import _lookup
@@ -87,6 +88,26 @@ def test_two_inputs_of_one_size_class_broadcast_through_align(monkeypatch):
         assert_same(out, loop(f, x, y))
     assert aligned, "a * b did not take the general path"
     assert None in took
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda t: t * t.sum(0),  # a dense per-sample operand beside t
+        lambda t: t + torch.arange(3.0, dtype=torch.float64),  # a shared [3] operand
+        lambda t: torch.where(t > 0, t, t.mean(0)),
+    ],
+)
+def test_align_hands_over_a_ragged_operand_in_the_results_rows_as_it_is(f, monkeypatch):
+    """Beside an operand that broadcasts, ``align`` takes a ragged operand whose
+    partition, layout and sizes are the result's own as it is (``ragged_alignment``'s
+    first branch: no gather, no re-layout)."""
+    found = _count(monkeypatch, _values, "ragged_alignment")
+    x = tokens((3, 0, 5, 1))
+    for out in _twice(f, x):
+        assert_same(out, loop(f, x))
+    assert found, "no ragged operand went through align"
+    assert all(rows is None and finish is _values._same for rows, finish in found), found
 
 
 def test_pointwise_shortcut_refuses_other_layouts_and_keywords(monkeypatch):
