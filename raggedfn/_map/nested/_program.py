@@ -100,9 +100,11 @@ def run(
     leaves: list[Any],
     lifted: list[Any],
     run_segment: Callable[[Segment, tuple[Any, ...], list[Any]], tuple[Any, ...]],
+    call_batch: Callable[[Any, Any, Any], Any] | None = None,
 ) -> Any:
     """The batched output of ``program`` on the argument leaves and the tensors ``f``
-    captures (``lifted``), as the compiled region has them."""
+    captures (``lifted``), as the call (or compiled region) has them; ``call_batch``:
+    how a batch node's op is called (default: directly)."""
     env: dict[int, Any] = {ref: leaves[i] for ref, i in program.leaf_refs}
     made: dict[int, Any] = {}
 
@@ -130,7 +132,10 @@ def run(
     for step in program.steps:
         if step.node is not None:
             args, kwargs = tree_map(fill, (step.node.args, step.node.kwargs))
-            result = step.node.fn(*args, **kwargs)
+            if call_batch is None:
+                result = step.node.fn(*args, **kwargs)
+            else:
+                result = call_batch(step.node, args, kwargs)
             refs = pytree.tree_leaves(step.node.out, is_leaf=_is_out)
             values = pytree.tree_leaves(result, is_leaf=lambda v: isinstance(v, Ragged))
             for ref, value in zip(refs, values, strict=True):
