@@ -32,9 +32,9 @@ from ..running._fallback import function_loop
 from ..running._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
 from ..running._split import empty_result
 from ..tracing._trace import tracing
+from . import _eager_nested
 from ._compiled import EAGER, compiled_map
 from ._compiled_nested import compiled_nested_map
-from . import _eager_nested
 from ._eager_nested import COLD, warm_nested_map
 from ._fsdp import around
 
