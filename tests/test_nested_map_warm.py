@@ -191,23 +191,25 @@ def test_a_new_feature_width_and_grad_mode_record_again() -> None:
 def test_autocast_and_torch_func_take_the_cold_path() -> None:
     x, w = _documents(), _weight().float()
     x = x.with_values(x.values.float())
-    _map(encode, x, w)
-    _calls()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = _map(encode, x, w)
-        assert _calls() == 1  # recorded anew
-        expected = _loop(encode, x, w)
-    assert got.dtype == expected.dtype == torch.bfloat16
-    torch.testing.assert_close(got, expected)
-    _calls()
+    _check(encode, x, w, runs=1)
+    for _ in range(2):  # recorded anew at every call
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = _map(encode, x, w)
+            assert _calls() == 1
+            expected = _loop(encode, x, w)
+        assert got.dtype == expected.dtype == torch.bfloat16
+        torch.testing.assert_close(got, expected)
+        _calls()
 
     def loss(w: torch.Tensor) -> torch.Tensor:
         return _map(encode, x, w).pow(2).sum()
 
-    got = torch.func.grad(loss)(w)
-    assert _calls() == 1  # recorded under the transform
-    expected = torch.func.grad(lambda w: _loop(encode, x, w).pow(2).sum())(w)
-    torch.testing.assert_close(got, expected)
+    for scale in (1.0, 2.0):
+        got = torch.func.grad(loss)(w * scale)
+        assert _calls() == 1  # recorded under the transform, at every call
+        expected = torch.func.grad(lambda w: _loop(encode, x, w).pow(2).sum())(w * scale)
+        torch.testing.assert_close(got, expected)
+        _calls()
 
 
 def test_a_value_read_from_a_tensor_s_data_is_never_stale() -> None:
