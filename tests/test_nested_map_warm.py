@@ -11,8 +11,13 @@ tensor's data.
 
 from __future__ import annotations
 
+import gc
 import itertools
+import subprocess
+import sys
+import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -253,3 +258,54 @@ def test_a_torch_function_mode_takes_the_cold_path() -> None:
     torch.testing.assert_close(got, _loop(f, x))
     _calls()
     _check(f, x, runs=0)
+
+
+def _owned_head() -> tuple[Callable[[raggedfn.Ragged], torch.Tensor], Any]:
+    from tests.test_map_cache import _Owner
+
+    owner = _Owner(nn.Linear(3, 3, dtype=torch.float64))
+
+    def f(doc: raggedfn.Ragged) -> torch.Tensor:
+        return owner.layer(raggedfn.sum(doc, 1)).sum(0)
+
+    return f, weakref.ref(owner)
+
+
+def test_map_cache_clear_frees_what_a_kept_record_read() -> None:
+    x = _documents()
+    f, ref = _owned_head()
+    torch.testing.assert_close(_map(f, x), _loop(f, x))
+    _map(f, x)
+    del f
+    gc.collect()
+    assert ref() is not None  # kept by the record's check
+    raggedfn.map_cache_clear()
+    gc.collect()
+    assert ref() is None
+
+
+# registered before raggedfn is imported, so it runs after raggedfn's own exit handlers
+_AT_EXIT = """
+import atexit, gc
+atexit.register(lambda: print("alive at exit:", ref() is not None, flush=True))
+import raggedfn
+from tests.test_nested_map_warm import _documents, _owned_head
+f, ref = _owned_head()
+raggedfn.map(f, _documents())
+del f
+gc.collect()
+print("alive after del:", ref() is not None, flush=True)
+"""
+
+
+def test_kept_records_are_freed_at_exit() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _AT_EXIT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "alive after del: True" in done.stdout, done.stdout + done.stderr
+    assert "alive at exit: False" in done.stdout, done.stdout + done.stderr

@@ -23,6 +23,7 @@ which records ``f`` anew each time, as before.
 
 from __future__ import annotations
 
+import atexit
 import collections
 from collections.abc import Callable
 from typing import Any
@@ -144,7 +145,13 @@ def _batch_node(node: Any, args: Any, kwargs: Any) -> Any:
 
 
 def clear() -> None:
+    """Forget every kept record (``raggedfn.map_cache_clear``; at exit too, before the
+    trace cache's own clearing and collection: a record's check keeps what ``f`` reads,
+    see ``caching/_cache._clear_at_exit``)."""
     _INDEX.clear()
+
+
+atexit.register(clear)  # registered after the trace cache's: runs before it
 
 
 __all__ = ["COLD", "STATS", "clear", "warm_nested_map"]
