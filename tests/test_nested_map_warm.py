@@ -32,9 +32,7 @@ SHAPE = [[2, 3], [], [1], [0, 4, 2], [3]]
 
 def _documents(dim: int = 3, seed: int = 0) -> raggedfn.Ragged:
     gen = torch.Generator().manual_seed(seed)
-    docs = [
-        [torch.randn(n, dim, generator=gen, dtype=torch.float64) for n in doc] for doc in SHAPE
-    ]
+    docs = [[torch.randn(n, dim, generator=gen, dtype=torch.float64) for n in doc] for doc in SHAPE]
     return raggedfn.from_list(docs)
 
 
