@@ -1,5 +1,6 @@
-"""A record of ``f`` for a compiled region: made once outside dynamo's view (on real
-values), then run inside the graph being compiled on the region's own values.
+"""A record of ``f`` kept across calls: for a compiled region, made once outside
+dynamo's view (on real values), then run inside the graph being compiled on the
+region's own values; eagerly (``entry/_eager_nested.py``), run by warm calls on theirs.
 
 :func:`build` records ``f`` with :class:`._outer.Outside`, so that every tensor of the
 record is named by where the region has it (``Captured``), and plans its steps (batch
