@@ -137,7 +137,11 @@ def run(
                 result = step.node.fn(*args, **kwargs)
             else:
                 result = call_batch(step.node, args, kwargs)
-            refs = pytree.tree_leaves(step.node.out, is_leaf=_is_out)
+            out = step.node.out
+            if isinstance(out, Ref):  # one result (the common case: no pytree walk)
+                env[out.id] = result
+                continue
+            refs = pytree.tree_leaves(out, is_leaf=_is_out)
             values = pytree.tree_leaves(result, is_leaf=lambda v: isinstance(v, Ragged))
             for ref, value in zip(refs, values, strict=True):
                 if isinstance(ref, Ref):
@@ -149,6 +153,8 @@ def run(
         outs = run_segment(segment, inputs, [fill(c) for c in step.shared])
         for ref, value in zip(segment.outputs, outs, strict=True):
             env[ref.id] = value
+    if isinstance(program.output, Ref):
+        return env[program.output.id]
     return pytree.tree_map(fill, program.output, is_leaf=_is_ref)
 
 
