@@ -307,3 +307,22 @@ def test_kept_records_are_freed_at_exit() -> None:
     assert done.returncode == 0, done.stderr
     assert "alive after del: True" in done.stdout, done.stdout + done.stderr
     assert "alive at exit: False" in done.stdout, done.stdout + done.stderr
+
+
+def test_an_op_of_a_kept_record_that_refuses_the_batch_runs_the_loop() -> None:
+    x, w = _documents(), _weight()
+    _check(encode, x, w, runs=1)
+    (program,) = next(iter(_eager_nested._INDEX.values()))
+    k, step = next((k, s) for k, s in enumerate(program.steps) if s.node is not None)
+
+    def refuses(*args: Any, **kwargs: Any) -> Any:
+        raise raggedfn.RaggedError("refused")
+
+    refuses.__name__ = step.node.fn.__name__
+    steps = list(program.steps)
+    steps[k] = step._replace(node=step.node._replace(fn=refuses))
+    program.steps = tuple(steps)
+    with pytest.warns(raggedfn.RaggedPerformanceWarning, match="on the batch: refused"):
+        got = _map(encode, x, w)
+    assert _calls() == 5  # the loop
+    torch.testing.assert_close(got, _loop(encode, x, w))
