@@ -29,7 +29,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from ..._errors import RaggedError
 from ..caching import _cache
@@ -39,7 +38,6 @@ from ..nested._run import NotBatched
 from ..nested._stand_ins import NotRecordable
 from ..tracing._deps import walk
 from ..tracing._trace import LOCK
-from ._compiled import _loose
 from ._compiled_nested import _fit, _fits
 
 MAX_PROGRAMS = 8  # per function, argument kinds and state
@@ -62,14 +60,22 @@ def _slot(f: Any, leaves: list[Any], kinds: list[str], treespec: Any, dims: Any)
         or torch._C._is_torch_function_mode_enabled()
     ):
         return None
-    grads = []
+    parts: list[Any] = []
     for leaf, kind in zip(leaves, kinds, strict=True):
         if kind == "ragged":
-            grads.append(leaf.values.requires_grad)
-        elif isinstance(leaf, Tensor):
-            grads.append(leaf.requires_grad)
+            v = leaf.values
+            parts.append((leaf.layout.code, v.dtype, v.device, v.requires_grad))
+        elif kind in ("dense", "shared"):
+            parts.append((kind, leaf.dtype, leaf.ndim, leaf.device, leaf.requires_grad))
+        else:  # a constant: its value is compared by ``_fits``, an object by the check
+            parts.append(type(leaf))
     state = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _cache.global_state())
-    return (_cache.function_key(f), _loose(leaves, kinds, treespec, dims), tuple(grads), state)
+    slot = (_cache.function_key(f), dims, treespec, tuple(parts), state)
+    try:
+        hash(slot)
+    except TypeError:  # a pytree node whose context cannot be hashed
+        return None
+    return slot
 
 
 def warm_nested_map(
