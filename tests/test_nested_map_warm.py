@@ -326,3 +326,27 @@ def test_an_op_of_a_kept_record_that_refuses_the_batch_runs_the_loop() -> None:
         got = _map(encode, x, w)
     assert _calls() == 5  # the loop
     torch.testing.assert_close(got, _loop(encode, x, w))
+
+
+class Box:
+    """A pytree node whose context (a list) cannot be hashed (its tree spec can)."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w = w
+
+
+torch.utils._pytree.register_pytree_node(
+    Box, lambda b: ([b.w], ["w"]), lambda leaves, context: Box(leaves[0])
+)
+
+
+def test_a_pytree_node_with_an_unhashable_context_reuses_the_record() -> None:
+    x, box = _documents(), Box(_weight())
+
+    def f(doc: raggedfn.Ragged, box: Box) -> torch.Tensor:
+        next(CALLS)
+        return raggedfn.sum(raggedfn.linear(doc, box.w), 1).sum(0)
+
+    _check(f, x, box, runs=1)
+    _check(f, x, box, runs=0)
+    _check(f, x, Box(_weight(seed=3)), runs=0)  # another box: its tensor read afresh

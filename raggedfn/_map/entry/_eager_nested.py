@@ -70,12 +70,7 @@ def _slot(f: Any, leaves: list[Any], kinds: list[str], treespec: Any, dims: Any)
         else:  # a constant: its value is compared by ``_fits``, an object by the check
             parts.append(type(leaf))
     state = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), _cache.global_state())
-    slot = (_cache.function_key(f), dims, treespec, tuple(parts), state)
-    try:
-        hash(slot)
-    except TypeError:  # a pytree node whose context cannot be hashed
-        return None
-    return slot
+    return (_cache.function_key(f), dims, treespec, tuple(parts), state)
 
 
 def warm_nested_map(
@@ -93,7 +88,7 @@ def warm_nested_map(
     if slot is None:
         return COLD
     roots = [r for r, _ in roots_of(f, leaves, kinds)]
-    found = _INDEX.get(slot)
+    found = _INDEX.get(slot)  # (a tree spec hashes what it can of a node's context)
     chosen = None
     lifted: list[Any] = []
     for program in found or ():
