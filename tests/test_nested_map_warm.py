@@ -350,3 +350,16 @@ def test_a_pytree_node_with_an_unhashable_context_reuses_the_record() -> None:
     _check(f, x, box, runs=1)
     _check(f, x, box, runs=0)
     _check(f, x, Box(_weight(seed=3)), runs=0)  # another box: its tensor read afresh
+
+
+def test_a_shared_number_changed_records_again() -> None:
+    x = _documents()
+
+    def f(doc: raggedfn.Ragged, scale: float) -> torch.Tensor:
+        next(CALLS)
+        return raggedfn.sum(doc, 1).sum(0) * scale
+
+    _check(f, x, 2.0, runs=1)
+    _check(f, x, 2.0, runs=0)
+    _check(f, x, 3.0, runs=1)  # a constant of the record
+    _check(f, x, 3, runs=1)  # another type

@@ -123,14 +123,14 @@ def _record(
             program = build(f, leaves, kinds, treespec, deps.lifted_ids)
         except NotBatched as error:
             program = Program(failure=str(error))
-    program.deps = deps
-    program.fits = tuple(_fit(leaf, kind) for leaf, kind in zip(leaves, kinds, strict=True))
-    if slot not in _INDEX and len(_INDEX) >= MAX_SLOTS:
-        _INDEX.popitem(last=False)
-    found = _INDEX.setdefault(slot, [])
-    _INDEX.move_to_end(slot)
-    found.insert(0, program)
-    del found[MAX_PROGRAMS:]
+        program.deps = deps
+        program.fits = tuple(_fit(leaf, kind) for leaf, kind in zip(leaves, kinds, strict=True))
+        if slot not in _INDEX and len(_INDEX) >= MAX_SLOTS:
+            _INDEX.popitem(last=False)
+        found = _INDEX.setdefault(slot, [])
+        _INDEX.move_to_end(slot)
+        found.insert(0, program)
+        del found[MAX_PROGRAMS:]
     return program, lifted
 
 
