@@ -153,6 +153,9 @@ SLICES = {
             "tests/test_map_lazy_masks.py",
             "tests/test_map_block_softmax.py",
             "tests/test_map_nested_batched.py",
+            # a warm eager call over nested values (entry/_eager_nested.py): its key,
+            # checks and ways back are forced only here
+            "tests/test_nested_map_warm.py",
             "tests/test_map_products.py",
             "tests/test_map_diff.py",
             "tests/test_map_randomness.py",

@@ -32,8 +32,10 @@ from ..running._fallback import function_loop
 from ..running._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
 from ..running._split import empty_result
 from ..tracing._trace import tracing
+from . import _eager_nested
 from ._compiled import EAGER, compiled_map
 from ._compiled_nested import compiled_nested_map
+from ._eager_nested import COLD, warm_nested_map
 from ._fsdp import around
 
 _RANDOMNESS = ("different", "same", "error")
@@ -69,6 +71,10 @@ def _map(
                     return out
             return _map(g, g_args, g_dims, strict, randomness, part, chunk_elements)
 
+        def warm_segment(g: Any, inputs: tuple[Any, ...], shared: list[Any]) -> Any:
+            dims = (0,) * len(inputs) + (None,) * len(shared)
+            return run_map(g, (*inputs, *shared), dims, None)
+
         if torch.compiler.is_compiling():
 
             def run_segment(g: Any, inputs: tuple[Any, ...], shared: list[Any]) -> Any:
@@ -85,6 +91,10 @@ def _map(
             return out
 
         try:
+            if report is None and randomness == "different":  # a kept record of f
+                out = warm_nested_map(f, leaves, kinds, treespec, dims, warm_segment)
+                if out is not COLD:
+                    return out
             return nested_map(f, leaves, kinds, treespec, run_map, randomness, report)
         except NotBatched as error:
             reason = f"{reason}, not batched: {error}"
@@ -397,6 +407,7 @@ def map_cache_clear() -> None:
         0
     """
     _cache.clear()
+    _eager_nested.clear()
 
 
 __all__ = ["map", "map_cache_clear", "map_cache_info", "map_report"]

@@ -1,5 +1,6 @@
-"""A record of ``f`` for a compiled region: made once outside dynamo's view (on real
-values), then run inside the graph being compiled on the region's own values.
+"""A record of ``f`` kept across calls: for a compiled region, made once outside
+dynamo's view (on real values), then run inside the graph being compiled on the
+region's own values; eagerly (``entry/_eager_nested.py``), run by warm calls on theirs.
 
 :func:`build` records ``f`` with :class:`._outer.Outside`, so that every tensor of the
 record is named by where the region has it (``Captured``), and plans its steps (batch
@@ -100,9 +101,11 @@ def run(
     leaves: list[Any],
     lifted: list[Any],
     run_segment: Callable[[Segment, tuple[Any, ...], list[Any]], tuple[Any, ...]],
+    call_batch: Callable[[Any, Any, Any], Any] | None = None,
 ) -> Any:
     """The batched output of ``program`` on the argument leaves and the tensors ``f``
-    captures (``lifted``), as the compiled region has them."""
+    captures (``lifted``), as the call (or compiled region) has them; ``call_batch``:
+    how a batch node's op is called (default: directly)."""
     env: dict[int, Any] = {ref: leaves[i] for ref, i in program.leaf_refs}
     made: dict[int, Any] = {}
 
@@ -130,8 +133,15 @@ def run(
     for step in program.steps:
         if step.node is not None:
             args, kwargs = tree_map(fill, (step.node.args, step.node.kwargs))
-            result = step.node.fn(*args, **kwargs)
-            refs = pytree.tree_leaves(step.node.out, is_leaf=_is_out)
+            if call_batch is None:
+                result = step.node.fn(*args, **kwargs)
+            else:
+                result = call_batch(step.node, args, kwargs)
+            out = step.node.out
+            if isinstance(out, Ref):  # one result (the common case: no pytree walk)
+                env[out.id] = result
+                continue
+            refs = pytree.tree_leaves(out, is_leaf=_is_out)
             values = pytree.tree_leaves(result, is_leaf=lambda v: isinstance(v, Ragged))
             for ref, value in zip(refs, values, strict=True):
                 if isinstance(ref, Ref):
@@ -143,6 +153,8 @@ def run(
         outs = run_segment(segment, inputs, [fill(c) for c in step.shared])
         for ref, value in zip(segment.outputs, outs, strict=True):
             env[ref.id] = value
+    if isinstance(program.output, Ref):
+        return env[program.output.id]
     return pytree.tree_map(fill, program.output, is_leaf=_is_ref)
 
 
