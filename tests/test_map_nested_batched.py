@@ -391,3 +391,29 @@ def test_keyword_arguments_of_a_metadata_read_reach_torch() -> None:
     report = raggedfn.map_report(f, x)
     assert report.fully_batched, str(report)
     assert_same(report.output, _loop(f, x))
+
+
+class _DoublingTanh(torch.overrides.TorchFunctionMode):
+    """A user's mode that changes results: every ``torch.tanh`` is doubled."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.tanh else out
+
+
+def test_under_a_users_torch_function_mode_it_equals_the_loop_under_the_same_mode() -> None:
+    # the mode sees every torch call of f: batched, it would see the stand-ins' and the
+    # batch's calls (tanh doubled twice), not the loop's
+    x = _documents(SHAPES["mixed"])
+
+    def f(doc: raggedfn.Ragged) -> torch.Tensor:
+        return torch.tanh(raggedfn.sum(doc, 1)).sum(0)
+
+    raggedfn.map(f, x)  # a kept record of f from outside the mode must not serve it
+    with _DoublingTanh():
+        with pytest.warns(raggedfn.RaggedPerformanceWarning, match="_DoublingTanh"):
+            got = raggedfn.map(f, x)
+        expected = _loop(f, x)
+    _assert_samples(got, expected)
+    with torch.device("cpu"):  # torch's own default-device mode changes nothing: batched
+        assert raggedfn.map_report(f, x).fully_batched

@@ -366,3 +366,24 @@ def test_random_documents_compiled_equal_the_loop(shape: list[list[int]], seed: 
     """B >= 1 (an empty batch: see above); empty documents and sentences, B = 1."""
     x, p = _documents(shape, seed), _params(seed)
     _assert_same(_RANDOM_STEP(x, p), loop_step(x, p))
+
+
+def test_map_cache_clear_forgets_the_records_kept_for_compiled_code() -> None:
+    from raggedfn._map.entry import _compiled_nested
+
+    fresh()
+    compiled = torch.compile(
+        lambda x: raggedfn.map(_feature_sums, x), fullgraph=True, dynamic=True, backend="eager"
+    )
+    counts = [len(doc) for doc in DOCS[0]]
+    rows = [n for doc in DOCS[0] for n in doc]
+    x = raggedfn.from_nested_lengths(torch.randn(32, 4, dtype=torch.float64), [counts, rows])
+    expected = torch.stack(_loop(_feature_sums, x))
+    torch.testing.assert_close(compiled(x), expected)
+    kept = set(vars(_compiled_nested.PROGRAMS))
+    assert kept and _compiled_nested._INDEX
+    raggedfn.map_cache_clear()
+    assert not vars(_compiled_nested.PROGRAMS) and not _compiled_nested._INDEX
+    # the graph's guard on its record's holder fails: recompiled, recorded under a new id
+    torch.testing.assert_close(compiled(x), expected)
+    assert kept.isdisjoint(vars(_compiled_nested.PROGRAMS))

@@ -32,7 +32,7 @@ from ..running._fallback import function_loop
 from ..running._interpret import LateGuardFailed, Recorder, guard_mask, make_ctx
 from ..running._split import empty_result
 from ..tracing._trace import tracing
-from . import _eager_nested
+from . import _compiled_nested, _eager_nested
 from ._compiled import EAGER, compiled_map
 from ._compiled_nested import compiled_nested_map
 from ._eager_nested import COLD, warm_nested_map
@@ -408,6 +408,7 @@ def map_cache_clear() -> None:
     """
     _cache.clear()
     _eager_nested.clear()
+    _compiled_nested.clear()
 
 
 __all__ = ["map", "map_cache_clear", "map_cache_info", "map_report"]

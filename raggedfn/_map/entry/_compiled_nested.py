@@ -18,6 +18,8 @@ outside the graph).
 
 from __future__ import annotations
 
+import atexit
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +57,7 @@ class _Programs:
     guards, as ``_cache.REGISTRY``; see ``_compiled._registered``)."""
 
     def add(self, program: Program) -> str:
-        pid = f"p{len(self.__dict__)}_{id(program)}"
+        pid = f"p{next(_PIDS)}"  # never reused, even after a clear
 
         def holder() -> None:
             """Holds one record for compiled code."""
@@ -68,8 +70,19 @@ class _Programs:
         self.__dict__.pop(pid, None)
 
 
+_PIDS = itertools.count()
 PROGRAMS = _Programs()
 _INDEX: dict[Any, list[str]] = {}  # (function key, argument kinds, global state) -> ids
+
+
+def clear() -> None:
+    """Forget every record kept for compiled code (``raggedfn.map_cache_clear``; at exit
+    too, before the trace cache's own clearing: a record's check keeps what ``f`` reads)."""
+    PROGRAMS.__dict__.clear()
+    _INDEX.clear()
+
+
+atexit.register(clear)  # registered after the trace cache's: runs before it
 
 
 def _program(pid: str) -> Program:

@@ -9,7 +9,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.overrides import _get_current_function_mode_stack as _function_modes
 from torch.utils import _pytree as pytree
+from torch.utils._device import DeviceContext
 
 from ..._ragged import Ragged
 from ..base._report import MapReport
@@ -149,6 +151,11 @@ def nested_map(
     where the record cannot stand for ``f`` (nothing has run on the batch then)."""
     if randomness != "different":  # one draw for all samples, or none: the loop's
         raise NotBatched(f"randomness={randomness!r}")
+    modes = [m for m in _function_modes() if not isinstance(m, DeviceContext)]
+    if modes:
+        # a user's mode sees (and may change) every torch call of f: on the stand-ins and
+        # the batch it would see other calls than the loop's
+        raise NotBatched(f"a torch function mode is active ({type(modes[-1]).__name__})")
     rec, env, output = record(f, leaves, kinds, treespec)
     batched: dict[str, int] = {}
     parts: list[MapReport] = []
