@@ -84,6 +84,10 @@ ERRORS = {
     ),
     "argsort_axis": (lambda: raggedfn.argsort(_tokens([2, 1]), 5), "argsort"),
     "squeeze_axis": (lambda: raggedfn.squeeze(_tokens([2, 1]), 7), "squeeze"),
+    # the batch axis alone (reduced_axes is given the name)
+    "prod_batch_axis": (lambda: raggedfn.prod(_tokens([2, 1]), 0), "prod"),
+    # a nested ragged axis with a dense one (flatten_levels is given the name)
+    "flatten_ragged_and_dense": (lambda: raggedfn.flatten(_sentences(2), 2, 3), "flatten"),
 }
 
 
@@ -214,3 +218,54 @@ def test_operators_with_a_tensor_first_as_dynamo_passes_them(monkeypatch: Any) -
     assert dispatch(T.sub, (T, raggedfn.Ragged), (t, x), {"alpha": 2}) is NotImplemented
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
     assert dispatch(T.sub, (T, raggedfn.Ragged), (t, x)) is NotImplemented
+
+
+def test_mark_dynamic_tags_axis_0_of_every_part_of_every_ragged_leaf() -> None:
+    """Eagerly, before the compiled call: the packed axis of ``values``, the batch axis of
+    ``offsets`` and ``sizes`` and the element axis of every nested level are tagged (kills
+    ``maybe_mark_dynamic(leaf.offsets, None)``); a plain tensor leaf is left alone."""
+    docs, tokens, plain = _sentences(2), _tokens([2, 1]), torch.zeros(3)
+    before = [t.clone() for t in (docs.values, tokens.values)]
+    raggedfn.mark_dynamic({"docs": docs, "rest": [tokens, plain]})
+    for x in (docs, tokens):
+        parts = (x.values, x.offsets, x.sizes, *x.row_offsets)
+        assert len(parts) == 3 + len(x.row_offsets)
+        for part in parts:
+            assert part._dynamo_weak_dynamic_indices == {0}
+    assert len(docs.row_offsets) == 1
+    assert not hasattr(plain, "_dynamo_weak_dynamic_indices")
+    assert torch.equal(docs.values, before[0]) and torch.equal(tokens.values, before[1])
+
+
+REFLECTED = ("add", "sub", "mul", "truediv", "floordiv", "pow")
+
+
+@pytest.mark.parametrize("name", REFLECTED)
+def test_binary_operators_keep_the_operands_order(name: str) -> None:
+    """``x op t`` and ``t op x`` give torch's answer per sample, for the bound dunders and
+    for methods built anew by ``_operators._method`` (the dunders are built at import,
+    before mutmut picks a mutant: a rebuilt one is what a mutant of ``_method`` changes;
+    kills ``op(other, self) if reflected or True``)."""
+    import operator
+
+    from raggedfn.ops import _operators
+
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.rand(n, 3, generator=gen, dtype=torch.float64) + 0.5 for n in (2, 0, 3)]
+    x = raggedfn.from_list(xs)
+    t = torch.rand(3, generator=gen, dtype=torch.float64) * 2 + 0.25
+    py = getattr(operator, name)
+    op = _operators._BINARY[name]
+    forward = _operators._method(f"Ragged.__{name}__", op, reflected=False)
+    backward = _operators._method(f"Ragged.__r{name}__", op, reflected=True)
+    for got, want in (
+        (py(x, t), [py(s, t) for s in xs]),
+        (py(t, x), [py(t, s) for s in xs]),
+        (forward(x, t), [py(s, t) for s in xs]),
+        (backward(x, t), [py(t, s) for s in xs]),
+    ):
+        samples = _samples(got)
+        assert len(samples) == len(want)
+        for g, w in zip(samples, want, strict=True):
+            torch.testing.assert_close(g, w)
+    assert forward.__name__ == f"Ragged.__{name}__" and backward.__name__ == f"Ragged.__r{name}__"
