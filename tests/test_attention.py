@@ -526,3 +526,88 @@ def test_attention_with_a_mask_per_pair_equals_each_samples_sdpa_call(rank, mask
     want_grads = torch.autograd.grad(loss, leaves)
     for g, w in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "extra", [(3,), (1, 1), (2, 1)], ids=["3 heads of 2", "rank 4 width 1", "rank 4 width H"]
+)
+def test_attention_with_mask_refuses_a_mask_of_another_shape(extra):
+    """The mask is a pair state ``(B, N*, M*, h)`` with ``h`` 1 or H: a width that is
+    neither, or one more dense axis (whatever its first size), is refused by name."""
+    from raggedfn.ops._attention_masked import attention_with_mask
+
+    n_lengths, m_lengths = [3, 1], [2, 4]
+    q, k = tokens(n_lengths, heads=2, seed=1), tokens(m_lengths, heads=2, seed=2)
+    mask = raggedfn.from_list(
+        [
+            torch.ones(n, m, *extra, dtype=torch.bool)
+            for n, m in zip(n_lengths, m_lengths, strict=True)
+        ],
+        ragged_dims=(1, 2),
+    )
+    with pytest.raises(
+        RaggedError, match=r"^attention: the mask must be a pair state \(B, N\*, M\*, 1 or H\)"
+    ):
+        attention_with_mask(q, k, k, mask, False, None, 0.0, 4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("rank", [4, 3])
+@pytest.mark.parametrize("mask_kind", ["boolean", "additive per head"])
+def test_attention_with_a_mask_per_pair_in_length_buckets_equals_each_samples_sdpa(
+    mask_kind, rank, causal, monkeypatch
+):
+    """A batch above ``LOOP_MAX_BATCH`` of light samples: ``attention_with_mask`` runs
+    length buckets (``_buckets``, spied), several samples to a bucket, the mask scattered
+    into each box; values and gradients equal the per-sample SDPA call with that sample's
+    mask (and the top-left causal triangle), at the sample's rank."""
+    from raggedfn.ops import _attention_masked
+
+    monkeypatch.setattr(_attention_masked, "LOOP_MAX_BATCH", 2)
+    calls = []
+    real = _attention_masked._buckets
+    monkeypatch.setattr(_attention_masked, "_buckets", lambda *a: calls.append(1) or real(*a))
+    groups = []  # samples per bucket
+    plan = _attention_masked._bucket.plan
+    monkeypatch.setattr(
+        _attention_masked._bucket,
+        "plan",
+        lambda *a: groups.extend(len(b.samples) for b in plan(*a)) or plan(*a),
+    )
+    n_lengths, m_lengths = [3, 0, 5, 2, 3, 5, 1], [4, 2, 5, 1, 4, 3, 2]
+    heads = 2
+    q = tokens(n_lengths, heads=heads, seed=1)
+    k = tokens(m_lengths, heads=heads, seed=2)
+    v = tokens(m_lengths, heads=heads, dim=4, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    masks = []
+    for n, m in zip(n_lengths, m_lengths, strict=True):
+        if mask_kind == "boolean":  # every query keeps its first key: no row is all masked
+            keep = torch.rand(n, m, 1, generator=gen) > 0.4
+            masks.append(keep | (torch.arange(m) == 0)[None, :, None])
+        else:
+            masks.append(torch.randn(n, m, heads, generator=gen, dtype=torch.float64))
+    mask = raggedfn.from_list(masks, ragged_dims=(1, 2))
+    leaves = [t.values.detach().requires_grad_() for t in (q, k, v)]
+    q, k, v = (t.with_values(leaf) for t, leaf in zip((q, k, v), leaves, strict=True))
+    with tight_buckets():
+        got = _attention_masked.attention_with_mask(q, k, v, mask, causal, 0.7, 0.0, rank)
+    assert calls and max(groups) > 1
+    want = []
+    for i in range(q.batch_size):
+        qi, ki, vi = (t[i].transpose(0, 1) for t in (q, k, v))  # [H, N, D]
+        mi = masks[i].movedim(-1, 0)  # [h, N, M]
+        if causal:
+            lower = torch.ones(mi.shape[-2:], dtype=torch.bool).tril()
+            mi = mi & lower if mi.dtype == torch.bool else mi.masked_fill(~lower, -float("inf"))
+        if rank == 4:
+            qi, ki, vi, mi = qi[None], ki[None], vi[None], mi[None]
+        out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mi, scale=0.7)
+        want.append((out[0] if rank == 4 else out).transpose(0, 1))
+    assert_same(got, want, rtol=1e-12, atol=1e-12)
+    weight = torch.randn_like(got.values)
+    grads = torch.autograd.grad((got.values * weight).sum(), leaves)
+    loss = sum((w * o).sum() for w, o in zip(weight.split(n_lengths), want, strict=True))
+    want_grads = torch.autograd.grad(loss, leaves)
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
