@@ -9,7 +9,8 @@ too, so these tests call ``_compiled`` without dynamo and compare it with torch'
 SDPA on every sample alone, in values and gradients, with every optional argument.
 They reach what the compiled tests reach (``test_fast_paths.py``,
 ``test_compile_planned.py``) in code that mutation testing can instrument (dynamo
-does not trace mutmut's trampolines), and run in a fraction of their time.
+does not trace mutmut's trampolines), and run in a fraction of their time. The last
+test reaches ``einsum``'s host-planned node (``ops._products._compiled``) the same way.
 """
 
 from __future__ import annotations
@@ -99,3 +100,57 @@ def test_forward_mode_ad_at_the_host_planned_node_is_refused_with_its_reason(mon
         r"the host run as one opaque custom op there",
     ):
         torch.func.jvp(run, (q.values,), (tangent,))
+
+
+EINSUMS = [  # equations that need buckets: a new partition, none, a batched dense operand
+    "bnd,bmd->bnm",
+    "bnd,bmd->bmn",
+    "bnd,bmd->b",
+    "bnd,bmd,be->bne",
+]
+
+
+@pytest.mark.parametrize("equation", EINSUMS)
+def test_host_planned_einsum_equals_per_sample_einsum(equation, monkeypatch):
+    """Under compile ``einsum`` calls ``ops._products._compiled``: the operands' layout
+    codes and the parsed spec go into a meta string, and the registered implementation
+    decodes it and runs the eager buckets. Reached eagerly with ``is_compiling()``
+    patched (the custom op runs eagerly); values and gradients equal torch.einsum of
+    every sample alone."""
+    import raggedfn
+    from raggedfn.ops import _products
+
+    gen = torch.Generator().manual_seed(7)
+    ns, ms = [3, 0, 2, 4], [2, 3, 2, 1]
+    x = raggedfn.from_list([torch.randn(n, 3, generator=gen, dtype=torch.float64) for n in ns])
+    y = raggedfn.from_list([torch.randn(m, 3, generator=gen, dtype=torch.float64) for m in ms])
+    e = torch.randn(len(ns), 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    leaves = [x.values.requires_grad_(True), y.values.requires_grad_(True), e]
+    operands = (x, y, e) if equation.count(",") == 2 else (x, y)
+    leaves = leaves[: len(operands)]
+    per_sample = equation.replace("b", "")
+    want = []
+    for b, (a, c) in enumerate(zip(x.values.split(ns), y.values.split(ms), strict=True)):
+        want.append(torch.einsum(per_sample, a, c, *((e[b],) if len(operands) == 3 else ())))
+    with spy(_products, "_compiled") as compiled, spy(_products, "_bucketed") as bucketed:
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        out = _products.einsum(equation, *operands)
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    assert compiled and bucketed  # the spec went through the meta string
+    if isinstance(out, Ragged):
+        assert out.layout.rank == len(equation.split("->")[1]) - 1
+        order = out.layout.logical_to_physical()
+        ragged = [a.ragged for a in out.layout.axes]
+        assert out.sizes.tolist() == [
+            [n for n, r in zip(w.shape, ragged, strict=True) if r] for w in want
+        ]
+        got = out.values.reshape(-1)
+        flat = torch.cat([w.permute(order).reshape(-1) for w in want])
+    else:
+        got, flat = out, torch.stack(want)
+    torch.testing.assert_close(got, flat)
+    cotangent = torch.randn(got.shape, generator=gen, dtype=got.dtype)
+    mine = torch.autograd.grad(got, leaves, cotangent)
+    theirs = torch.autograd.grad(flat, leaves, cotangent)
+    for a, c in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a, c)
