@@ -269,3 +269,46 @@ def test_binary_operators_keep_the_operands_order(name: str) -> None:
         for g, w in zip(samples, want, strict=True):
             torch.testing.assert_close(g, w)
     assert forward.__name__ == f"Ragged.__{name}__" and backward.__name__ == f"Ragged.__r{name}__"
+
+
+def test_gather_along_a_nested_axis_traced_on_fake_tensors_checks_the_index_in_the_graph():
+    """make_fx with fake tensors (as torch.compile and torch.export trace): whether an index
+    value names an element of x cannot be read, so it is an assert in the graph; the graph
+    gives torch.gather of every sentence of every sample, and refuses a bad index when run.
+    Fake tensors outside any fx trace (shape propagation) are recognised by the index
+    itself (kills ``is_tracing(None)`` in ``_check_found``, which reads the fake data
+    there; under make_fx the fx tracer alone says so)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gen = torch.Generator().manual_seed(0)
+    docs = [[torch.randn(n, 2, generator=gen) for n in doc] for doc in ([2, 3], [], [1])]
+    picks = [
+        [torch.tensor([[1, 0], [0, 0], [1, 1]]), torch.tensor([[2, 1]])],
+        [],
+        [torch.tensor([[0, 0], [0, 0]])],
+    ]
+    x, index = raggedfn.from_list(docs), raggedfn.from_list(picks)
+
+    def run(*parts: torch.Tensor) -> torch.Tensor:
+        xv, xo, xs, xr, iv, io, isz, ir = parts
+        xx = raggedfn.Ragged(xv, xo, xs, x.layout, (xr,))
+        ii = raggedfn.Ragged(iv, io, isz, index.layout, (ir,))
+        return raggedfn.gather(xx, 2, ii).values
+
+    parts = [x.values, x.offsets, x.sizes, *x.row_offsets]
+    parts += [index.values, index.offsets, index.sizes, *index.row_offsets]
+    graph = make_fx(run, tracing_mode="fake")(*parts)
+    want = [
+        torch.gather(sentence, 0, pick)
+        for doc, doc_picks in zip(docs, picks, strict=True)
+        for sentence, pick in zip(doc, doc_picks, strict=True)
+    ]
+    assert torch.equal(graph(*parts), torch.cat(want))
+    bad = index.values.clone()
+    bad[0, 0] = 2  # the first sentence of sample 0 has 2 tokens
+    with pytest.raises(RuntimeError, match=r"gather: index values must name an element"):
+        graph(*parts[:4], bad, *parts[5:])
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = run(*(mode.from_tensor(t) for t in parts))
+    assert fake.shape == torch.cat(want).shape
