@@ -233,15 +233,21 @@ print("alive after del:", ref() is not None, flush=True)
 """
 
 
-def test_traces_are_freed_at_exit_before_the_interpreter_is_torn_down() -> None:
-    # a gloo group held by FSDP2's state, which a trace kept, aborted the process when
-    # it was freed during interpreter finalization
+def run_at_exit(script: str) -> str:
+    """What a fresh interpreter running ``script`` (from the checkout) prints."""
     done = subprocess.run(
-        [sys.executable, "-c", _AT_EXIT],
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=Path(__file__).resolve().parent.parent,
     )
     assert done.returncode == 0, done.stderr
-    assert "alive at exit: False" in done.stdout, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_traces_are_freed_at_exit_before_the_interpreter_is_torn_down() -> None:
+    # a gloo group held by FSDP2's state, which a trace kept, aborted the process when
+    # it was freed during interpreter finalization
+    printed = run_at_exit(_AT_EXIT)
+    assert "alive at exit: False" in printed, printed

@@ -160,12 +160,16 @@ def _trace_now(f: Any, token: Any, structure: Any, dims: Any, layouts: Any, *fla
     """Trace ``f`` while dynamo runs: ``f`` is a real function or module (or ``None``
     and ``token`` names the real function rebuilt from one dynamo made), and dynamo
     hands the argument tensors over with their real values (example inputs)."""
-    if token is not None:
-        f = rebuilt_function(token)
-        key: Any = (token, structure, dims, layouts)
-    else:
-        key = (_cache.function_key(f), id(f), structure, dims, layouts)
+    f, key = real_function(f, token, structure, dims, layouts)
     return _memo("trace", key, lambda: _trace(f, structure, dims, layouts, flat))
+
+
+def real_function(f: Any, token: Any, *static: Any) -> tuple[Any, Any]:
+    """The real ``f`` (rebuilt from ``token`` when dynamo made it) and the key of its
+    trace or record under the argument structure ``static``."""
+    if token is not None:
+        return rebuilt_function(token), (token, *static)
+    return f, (_cache.function_key(f), id(f), *static)
 
 
 def _trace(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...]) -> Any:

@@ -34,7 +34,7 @@ from ..caching._lookup import prepare, roots_of
 from ..nested._program import Program, build, run
 from ..nested._run import NotBatched
 from ..tracing._deps import walk
-from ..tracing._dynamo_reads import made_inside, one_graph, rebuilt, rebuilt_function
+from ..tracing._dynamo_reads import made_inside, one_graph, rebuilt
 from ..tracing._trace import LOCK, is_ragged_leaf
 
 # shared with one-level compiled map (the same mechanism, one module each)
@@ -45,6 +45,7 @@ from ._compiled import (
     _loose,
     _outside_outer_trace,
     _rebuild,
+    real_function,
 )
 from ._compiled import _memo as _once
 
@@ -101,11 +102,7 @@ def _candidates(key: Any, loose: tuple[Any, ...]) -> tuple[str, ...]:
 def _record_now(f: Any, token: Any, structure: Any, dims: Any, layouts: Any, *flat: Any) -> str:
     """Record ``f`` while dynamo runs (``token``: the real function rebuilt from the one
     dynamo made), on the real argument values dynamo hands over."""
-    if token is not None:
-        f = rebuilt_function(token)
-        key: Any = (token, structure, dims, layouts)
-    else:
-        key = (_cache.function_key(f), id(f), structure, dims, layouts)
+    f, key = real_function(f, token, structure, dims, layouts)
     return _once("nested record", key, lambda: _record(f, structure, dims, layouts, flat))
 
 
