@@ -716,7 +716,7 @@ def test_from_list_of_lists_with_rectangular_dims_checks_the_rectangles():
         for j, sentence in enumerate(doc):
             assert torch.equal(got[j], sentence)
     docs[0][1] = torch.randn(1, 3, generator=gen)
-    with pytest.raises(RaggedError, match=r"rectangular with axis 0 .* sizes differ"):
+    with pytest.raises(RaggedError, match=r"^from_list: .*rectangular with axis 0 .* sizes differ"):
         raggedfn.from_list(docs, rectangular_dims=(2,))
 
 
