@@ -534,3 +534,25 @@ def test_block_softmax_gradcheck_and_gradgradcheck():
     values = torch.randn(17, 2, generator=gen, dtype=torch.float64, requires_grad=True)
     assert gradcheck(lambda v: _prims.block_softmax(v, BLOCKS), (values,))
     assert gradgradcheck(lambda v: _prims.block_softmax(v, BLOCKS), (values,))
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_softmax_segment_reduce_limit_is_inclusive(over, monkeypatch) -> None:
+    """``SEGMENT_REDUCE_MAX`` elements take segment_reduce ("up to this many"), one more
+    the general path; both equal torch.softmax per segment."""
+    from raggedfn._prims import _softmax
+
+    values = torch.randn(7, 3, dtype=torch.float64)
+    segments, bounds, num = _bounded([2, 0, 5], values)
+    monkeypatch.setattr(_softmax, "SEGMENT_REDUCE_MAX", values.numel() - over)
+    calls: list[str] = []
+    original = torch.segment_reduce
+
+    def spy(*args, **kwargs):
+        calls.append(args[1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "segment_reduce", spy)
+    got = _prims.segment_softmax(values, segments, num, bounds)
+    torch.testing.assert_close(got, torch.cat([p.softmax(0) for p in values.split([2, 0, 5])]))
+    assert calls == ([] if over else ["max", "sum"])
