@@ -678,6 +678,51 @@ def test_from_list_of_ragged_samples_nests_them():
             assert torch.equal(got, want)
 
 
+def _pair_samples():
+    gen = torch.Generator().manual_seed(4)
+    p, q, r = (torch.randn(n, n, 3, generator=gen) for n in (2, 3, 1))
+    docs = ([p, q], [r])
+    return docs, [raggedfn.from_list(doc, ragged_dims=(1, 2)) for doc in docs]
+
+
+def test_from_list_of_ragged_pair_states_keeps_their_rectangles():
+    # each sample's pair states are L x L rectangles: they stay rectangles, nested in
+    # the new batch axis ('r2' after 'n1')
+    docs, samples = _pair_samples()
+    x = raggedfn.from_list(samples)
+    assert repr(x.layout) == "Layout('r0 n1 r2 d0')" and x.batch_size == 2
+    for i, doc in enumerate(docs):
+        for got, want in zip(raggedfn.unbind(x[i]), doc, strict=True):
+            assert torch.equal(got, want)
+
+
+def test_from_list_of_ragged_samples_keeps_their_device_under_a_default_device():
+    # a default-device context (torch.device("meta") here) does not move the partition
+    # away from the samples' values
+    docs, samples = _pair_samples()
+    with torch.device("meta"):
+        x = raggedfn.from_list(samples)
+    assert x.values.device.type == x.offsets.device.type == x.sizes.device.type == "cpu"
+    for i, doc in enumerate(docs):
+        for got, want in zip(raggedfn.unbind(x[i]), doc, strict=True):
+            assert torch.equal(got, want)
+
+
+def test_from_list_of_a_nested_ragged_beside_lists_counts_its_nested_levels():
+    # a Ragged of documents (sentences nested in them) first, beside a list of documents:
+    # it stands for the lists of its samples, one list level per nested axis
+    gen = torch.Generator().manual_seed(5)
+    t = [torch.randn(n, 3, generator=gen) for n in (2, 1, 3, 2)]
+    corpora = [[[t[0], t[1]], [t[2]]], [[t[3]]]]
+    x = raggedfn.from_list([raggedfn.from_list(corpora[0]), corpora[1]])
+    assert repr(x.layout) == "Layout('r0 n1 n2 d0')" and x.batch_size == 2
+    for i, corpus in enumerate(corpora):
+        assert x[i].batch_size == len(corpus)
+        for j, doc in enumerate(corpus):
+            for got, want in zip(raggedfn.unbind(x[i][j]), doc, strict=True):
+                assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize(("ids", "bad"), [([0, 1, 3], 2), ([-1, 0, 0], 0)])
 def test_from_segment_ids_names_the_first_id_outside_the_segments(ids, bad):
     with pytest.raises(
