@@ -653,6 +653,24 @@ def test_from_lengths_both_checks_build_the_partition_of_the_lengths(
     assert raggedfn.check(x) is x
 
 
+@pytest.mark.parametrize("host_check_max", [0, 10**6])
+def test_from_lengths_that_add_up_skip_the_partition_checks(host_check_max, monkeypatch):
+    # non-negative lengths adding up to T (either check) build the value directly: the
+    # per-check path (non_negative, check_total, validate_partition) is not taken
+    from raggedfn import _construct
+
+    monkeypatch.setattr(_construct, "HOST_CHECK_MAX", host_check_max)
+    calls = []
+    for name in ("non_negative", "check_total", "validate_partition"):
+        monkeypatch.setattr(_construct, name, lambda *a, name=name: calls.append(name))
+    values = torch.randn(6, 2)
+    x = raggedfn.from_lengths(values, torch.tensor([2, 0, 4]))
+    assert calls == []
+    assert x.offsets.tolist() == [0, 2, 2, 6] and x.sizes[:, 0].tolist() == [2, 0, 4]
+    raggedfn.from_lengths(torch.randn(5, 2), torch.tensor([2, 0, 4]))  # 6 != 5: the checks
+    assert calls == ["non_negative", "check_total", "validate_partition"]
+
+
 def test_from_list_of_lists_with_ragged_dims_keeps_each_sentences_pair_state():
     # documents of sentences, each sentence an (N, N, 4) pair state: both N axes ragged
     gen = torch.Generator().manual_seed(0)
