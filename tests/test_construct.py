@@ -538,6 +538,9 @@ def test_nested_round_trip_shares_storage():
     x = raggedfn.from_lengths(values, [2, 0, 3])
     njt = raggedfn.to_nested(x)
     assert njt.is_nested and njt.layout == torch.jagged and njt.size(0) == 3
+    # passed in, not computed later from the offsets (a host read; before _max_seqlen,
+    # which computes and caches a missing value)
+    assert njt._maybe_min_seqlen == 0 and njt._maybe_max_seqlen == 3
     assert njt._min_seqlen == 0 and njt._max_seqlen == 3
     assert njt.values().data_ptr() == values.data_ptr()
     back = raggedfn.from_nested(njt)
