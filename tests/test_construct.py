@@ -538,6 +538,9 @@ def test_nested_round_trip_shares_storage():
     x = raggedfn.from_lengths(values, [2, 0, 3])
     njt = raggedfn.to_nested(x)
     assert njt.is_nested and njt.layout == torch.jagged and njt.size(0) == 3
+    # passed in, not computed later from the offsets (a host read; before _max_seqlen,
+    # which computes and caches a missing value)
+    assert njt._maybe_min_seqlen == 0 and njt._maybe_max_seqlen == 3
     assert njt._min_seqlen == 0 and njt._max_seqlen == 3
     assert njt.values().data_ptr() == values.data_ptr()
     back = raggedfn.from_nested(njt)
@@ -653,6 +656,24 @@ def test_from_lengths_both_checks_build_the_partition_of_the_lengths(
     assert raggedfn.check(x) is x
 
 
+@pytest.mark.parametrize("host_check_max", [0, 10**6])
+def test_from_lengths_that_add_up_skip_the_partition_checks(host_check_max, monkeypatch):
+    # non-negative lengths adding up to T (either check) build the value directly: the
+    # per-check path (non_negative, check_total, validate_partition) is not taken
+    from raggedfn import _construct
+
+    monkeypatch.setattr(_construct, "HOST_CHECK_MAX", host_check_max)
+    calls = []
+    for name in ("non_negative", "check_total", "validate_partition"):
+        monkeypatch.setattr(_construct, name, lambda *a, name=name: calls.append(name))
+    values = torch.randn(6, 2)
+    x = raggedfn.from_lengths(values, torch.tensor([2, 0, 4]))
+    assert calls == []
+    assert x.offsets.tolist() == [0, 2, 2, 6] and x.sizes[:, 0].tolist() == [2, 0, 4]
+    raggedfn.from_lengths(torch.randn(5, 2), torch.tensor([2, 0, 4]))  # 6 != 5: the checks
+    assert calls == ["non_negative", "check_total", "validate_partition"]
+
+
 def test_from_list_of_lists_with_ragged_dims_keeps_each_sentences_pair_state():
     # documents of sentences, each sentence an (N, N, 4) pair state: both N axes ragged
     gen = torch.Generator().manual_seed(0)
@@ -676,6 +697,51 @@ def test_from_list_of_ragged_samples_nests_them():
     for i, doc in enumerate((first, second)):
         for got, want in zip(raggedfn.unbind(x[i]), doc, strict=True):
             assert torch.equal(got, want)
+
+
+def _pair_samples():
+    gen = torch.Generator().manual_seed(4)
+    p, q, r = (torch.randn(n, n, 3, generator=gen) for n in (2, 3, 1))
+    docs = ([p, q], [r])
+    return docs, [raggedfn.from_list(doc, ragged_dims=(1, 2)) for doc in docs]
+
+
+def test_from_list_of_ragged_pair_states_keeps_their_rectangles():
+    # each sample's pair states are L x L rectangles: they stay rectangles, nested in
+    # the new batch axis ('r2' after 'n1')
+    docs, samples = _pair_samples()
+    x = raggedfn.from_list(samples)
+    assert repr(x.layout) == "Layout('r0 n1 r2 d0')" and x.batch_size == 2
+    for i, doc in enumerate(docs):
+        for got, want in zip(raggedfn.unbind(x[i]), doc, strict=True):
+            assert torch.equal(got, want)
+
+
+def test_from_list_of_ragged_samples_keeps_their_device_under_a_default_device():
+    # a default-device context (torch.device("meta") here) does not move the partition
+    # away from the samples' values
+    docs, samples = _pair_samples()
+    with torch.device("meta"):
+        x = raggedfn.from_list(samples)
+    assert x.values.device.type == x.offsets.device.type == x.sizes.device.type == "cpu"
+    for i, doc in enumerate(docs):
+        for got, want in zip(raggedfn.unbind(x[i]), doc, strict=True):
+            assert torch.equal(got, want)
+
+
+def test_from_list_of_a_nested_ragged_beside_lists_counts_its_nested_levels():
+    # a Ragged of documents (sentences nested in them) first, beside a list of documents:
+    # it stands for the lists of its samples, one list level per nested axis
+    gen = torch.Generator().manual_seed(5)
+    t = [torch.randn(n, 3, generator=gen) for n in (2, 1, 3, 2)]
+    corpora = [[[t[0], t[1]], [t[2]]], [[t[3]]]]
+    x = raggedfn.from_list([raggedfn.from_list(corpora[0]), corpora[1]])
+    assert repr(x.layout) == "Layout('r0 n1 n2 d0')" and x.batch_size == 2
+    for i, corpus in enumerate(corpora):
+        assert x[i].batch_size == len(corpus)
+        for j, doc in enumerate(corpus):
+            for got, want in zip(raggedfn.unbind(x[i][j]), doc, strict=True):
+                assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize(("ids", "bad"), [([0, 1, 3], 2), ([-1, 0, 0], 0)])
@@ -716,7 +782,7 @@ def test_from_list_of_lists_with_rectangular_dims_checks_the_rectangles():
         for j, sentence in enumerate(doc):
             assert torch.equal(got[j], sentence)
     docs[0][1] = torch.randn(1, 3, generator=gen)
-    with pytest.raises(RaggedError, match=r"rectangular with axis 0 .* sizes differ"):
+    with pytest.raises(RaggedError, match=r"^from_list: .*rectangular with axis 0 .* sizes differ"):
         raggedfn.from_list(docs, rectangular_dims=(2,))
 
 

@@ -57,6 +57,25 @@ def test_segment_matmul_equals_the_row_loop_with_gradients() -> None:
     assert not gw[1].any() and not gb[1].any()
 
 
+def test_the_rules_dynamo_traces_equal_the_row_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While compiling, segment_matmul applies the jvp-less rule set (dynamo refuses a
+    Function with ``jvp``); forced eagerly here (``is_compiling`` True), values and
+    gradients to second order equal the row loop."""
+    x, w, b = _inputs(1)
+    cotangent = torch.randn(6, FEATURES, dtype=torch.float64)
+    want = _loop(x, w, b)
+    grads_want = torch.autograd.grad(want, (x, w, b), cotangent, create_graph=True)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    got = segment_matmul(x, OFFSETS, w, b)
+    assert type(got.grad_fn).__name__ == "_SegmentMatmulBackward"
+    torch.testing.assert_close(got, want)
+    grads = torch.autograd.grad(got, (x, w, b), cotangent, create_graph=True)
+    for g, e in zip(grads, grads_want, strict=True):
+        torch.testing.assert_close(g, e)
+    second = torch.autograd.grad(grads[1].sum(), x)[0]
+    torch.testing.assert_close(second, torch.autograd.grad(grads_want[1].sum(), x)[0])
+
+
 def test_gradcheck_gradgradcheck_and_forward_mode() -> None:
     x, w, b = _inputs(1)
 

@@ -492,3 +492,67 @@ def test_softmax_with_bounds_of_malformed_offsets(offsets, monkeypatch) -> None:
         assert answers == [None, None]
     else:
         torch.testing.assert_close(answers[1], answers[0])
+
+
+# block (start, stop, rows) covering [0, 17): a 2 x 3 block, an empty one, 4 x 2 and 1 x 3
+BLOCKS = ((0, 6, 2), (6, 6, 1), (6, 14, 4), (14, 17, 1))
+
+
+def _block_softmax_loop(values: torch.Tensor) -> torch.Tensor:
+    """Each block alone: torch.softmax over its columns."""
+    rest = values.shape[1:]
+    return torch.cat(
+        [
+            values[a:b].reshape(rows, -1, *rest).softmax(1).reshape(b - a, *rest)
+            for a, b, rows in BLOCKS
+        ]
+    )
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_block_softmax_equals_the_per_block_loop_with_and_without_a_graph(create_graph):
+    """Forward, the fused first-order backward and the recorded backward (create_graph)."""
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(17, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    cotangent = torch.randn(17, 2, generator=gen, dtype=torch.float64)
+    got = _prims.block_softmax(values, BLOCKS)
+    want = _block_softmax_loop(values)
+    torch.testing.assert_close(got, want)
+    (dgot,) = torch.autograd.grad(got, values, cotangent, create_graph=create_graph)
+    (dwant,) = torch.autograd.grad(want, values, cotangent, create_graph=create_graph)
+    torch.testing.assert_close(dgot, dwant)
+    assert dgot.requires_grad == create_graph
+    if create_graph:  # the recorded backward is differentiable again, as the loop's
+        w = torch.randn(17, 2, generator=gen, dtype=torch.float64)
+        torch.testing.assert_close(
+            torch.autograd.grad(dgot, values, w)[0], torch.autograd.grad(dwant, values, w)[0]
+        )
+
+
+def test_block_softmax_gradcheck_and_gradgradcheck():
+    gen = torch.Generator().manual_seed(1)
+    values = torch.randn(17, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert gradcheck(lambda v: _prims.block_softmax(v, BLOCKS), (values,))
+    assert gradgradcheck(lambda v: _prims.block_softmax(v, BLOCKS), (values,))
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_softmax_segment_reduce_limit_is_inclusive(over, monkeypatch) -> None:
+    """``SEGMENT_REDUCE_MAX`` elements take segment_reduce ("up to this many"), one more
+    the general path; both equal torch.softmax per segment."""
+    from raggedfn._prims import _softmax
+
+    values = torch.randn(7, 3, dtype=torch.float64)
+    segments, bounds, num = _bounded([2, 0, 5], values)
+    monkeypatch.setattr(_softmax, "SEGMENT_REDUCE_MAX", values.numel() - over)
+    calls: list[str] = []
+    original = torch.segment_reduce
+
+    def spy(*args, **kwargs):
+        calls.append(args[1])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "segment_reduce", spy)
+    got = _prims.segment_softmax(values, segments, num, bounds)
+    torch.testing.assert_close(got, torch.cat([p.softmax(0) for p in values.split([2, 0, 5])]))
+    assert calls == ([] if over else ["max", "sum"])

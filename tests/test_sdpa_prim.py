@@ -324,3 +324,30 @@ def test_forward_mode_with_a_larger_mask_and_hessian() -> None:
     for g, w in zip(jvp(ours, (q, bias), tangents), want, strict=True):
         torch.testing.assert_close(g, w)
     torch.testing.assert_close(hessian(lambda q: ours(q, bias).sin().sum())(q), want_hessian)
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_first_order_backward_reuses_its_buffers_only_without_a_graph(
+    create_graph: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without create_graph the probabilities are recomputed in place (nothing records
+    them); with it, differentiable ops. Both equal torch's SDPA gradients."""
+    calls: list[int] = []
+    original = _sdpa._probabilities_in_place
+
+    def spy(*args: Any) -> Tensor:
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(_sdpa, "_probabilities_in_place", spy)
+    monkeypatch.setattr(_sdpa, "CHUNK_LOGITS", 7)  # one query row per block
+    q, k, v, bias, keep = _inputs("bias_and_keep")
+    leaves = _leaves(q, k, v, bias)
+    got = scaled_dot_product_attention(q, k, v, bias, keep)
+    want = _reference(q, k, v, bias, keep)
+    cotangent = _randn(*want.shape, seed=5, grad=False)
+    actual = torch.autograd.grad(got, leaves, cotangent, create_graph=create_graph)
+    expected = torch.autograd.grad(want, leaves, cotangent)
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e)
+    assert len(calls) == (0 if create_graph else q.shape[-2])

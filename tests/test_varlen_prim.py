@@ -88,6 +88,16 @@ def test_mismatched_key_and_value_partitions_raise():
         run(q, k, v, False)
 
 
+def test_partition_errors_name_attention():
+    """Both refusals are prefixed by the op's name, as every RaggedError is."""
+    q, k, v = packed([3, 2], 0), packed([2, 4], 1), packed([4, 2], 2)
+    with pytest.raises(RaggedError, match=r"^attention: k and v must have the same partition"):
+        run(q, k, v, False)
+    q3 = packed([3, 2, 1], 3)
+    with pytest.raises(RaggedError, match=r"^attention: q, k and v must have the same batch size"):
+        run(q3, k, k, False)
+
+
 def test_compiled_plain_attention_uses_the_varlen_op_and_other_cases_the_planned_op():
     graphs = []
 
