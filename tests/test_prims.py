@@ -447,6 +447,40 @@ def test_softmax_with_bounds_equals_torch_per_segment(limit, dtype, monkeypatch)
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_per_segment_path_forward_and_first_order_backward(dtype, monkeypatch) -> None:
+    """Long segments (here: every segment, the threshold lowered) run torch's own softmax
+    kernels once per segment, forward and first-order backward; equal to torch per
+    segment, with empty segments and a large value only the shift keeps finite."""
+    from raggedfn._prims import _softmax
+
+    monkeypatch.setattr(_softmax, "PER_SEGMENT_MIN", 0)
+    taken: list[bool] = []
+    real = _softmax._per_segment
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        host = real(*args)
+        taken.append(host is not None)
+        return host
+
+    monkeypatch.setattr(_softmax, "_per_segment", spy)
+    lengths = [3, 0, 1, 4, 0, 2]
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(10, 2, dtype=dtype, generator=gen)
+    values[0, 0] = 1000.0
+    grad = torch.randn(10, 2, dtype=dtype, generator=gen)
+    segments, bounds, num = _bounded(lengths, values)
+    x = values.clone().requires_grad_()
+    got = _prims.segment_softmax(x, segments, num, bounds)
+    (got_grad,) = torch.autograd.grad(got, x, grad)
+    ref = values.clone().requires_grad_()
+    want = torch.cat([part.softmax(0) for part in ref.split(lengths)])
+    (want_grad,) = torch.autograd.grad(want, ref, grad)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_grad, want_grad)
+    assert taken == [True, True]  # the forward and the backward, per segment
+
+
 @pytest.mark.parametrize("limit", [0, 10**9])
 def test_softmax_with_bounds_gradients(limit, monkeypatch) -> None:
     from raggedfn._prims import _softmax
