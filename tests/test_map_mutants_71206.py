@@ -67,3 +67,92 @@ def test_a_per_sample_shape_passed_to_torch_is_named_in_the_reason():
         warnings.simplefilter("ignore", raggedfn.RaggedPerformanceWarning)
         got = raggedfn.map(f, x)
     assert_same(got, [f(x[i]) for i in range(x.batch_size)])
+
+
+def _tokens(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return raggedfn.from_list(
+        [torch.randn(n, D, generator=gen, dtype=torch.float64) for n in lengths]
+    )
+
+
+def _loop(f, x):
+    return [f(s) for s in raggedfn.unbind(x)]
+
+
+def test_the_output_of_a_batched_call_is_built_without_checking_it_again(monkeypatch):
+    # the interpreter's Ragged results have an input's offsets and sizes: to_output builds
+    # them without the dataclass's checks (check_structure runs for no output)
+    from raggedfn import _ragged
+
+    x = _tokens((3, 0, 5))
+
+    def f(t):
+        return torch.tanh(t) * 2
+
+    checked: list[str] = []
+    original = _ragged.check_structure
+
+    def spy(*args, **kwargs):
+        checked.append(args[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_ragged, "check_structure", spy)
+    for _ in range(2):  # the first call and the warm one
+        out = raggedfn.map(f, x)
+        assert checked == [], checked
+    report = raggedfn.map_report(f, x)
+    assert checked == [], checked
+    monkeypatch.undo()
+    assert report.fully_batched, str(report)
+    assert_same(out, _loop(f, x))
+    assert_same(report.output, _loop(f, x))
+
+
+def test_empty_samples_that_no_trace_fits_run_per_sample_without_a_warning():
+    # a batch whose samples are all empty and fail the first plan's guards: the retrace on
+    # an empty sample fails, they run per sample, and (costing nothing) say nothing
+
+    def f(t):  # a sample without rows reads its (empty) data: no trace on it
+        if len(t) == 0:
+            return t.sum(0) * float(t.sum())
+        return t.sum(0) * 2
+
+    raggedfn.map(f, _tokens((3, 5)))
+    x = _tokens((0, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", raggedfn.RaggedPerformanceWarning)
+        got = raggedfn.map(f, x)
+    assert_same(got, _loop(f, x))
+    report = raggedfn.map_report(f, x)
+    assert report.whole_loop is not None and "fails for 2 sample(s)" in report.whole_loop
+
+
+def test_a_failed_retrace_on_an_empty_sample_is_not_tried_again(monkeypatch):
+    # once the retrace on an empty sample failed, later calls run empty samples per
+    # sample without tracing f again
+    from raggedfn._map.caching import _groups
+
+
+    def f(t):  # as above (map's cache is per code: another function)
+        if len(t) == 0:
+            return t.sum(0) * float(t.sum()) + 1
+        return t.sum(0) * 3
+
+    raggedfn.map(f, _tokens((3, 5)))
+    x = _tokens((0, 2, 0))
+    traced: list[int] = []
+    original = _groups.trace_plan
+
+    def spy(*args, **kwargs):
+        traced.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(_groups, "trace_plan", spy)
+    got = raggedfn.map(f, x)
+    assert len(traced) == 1, traced  # the retrace on the first empty sample: it fails
+    assert_same(got, _loop(f, x))
+    for _ in range(2):
+        got = raggedfn.map(f, x)
+        assert len(traced) == 1, traced
+        assert_same(got, _loop(f, x))
