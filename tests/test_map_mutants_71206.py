@@ -156,3 +156,26 @@ def test_a_failed_retrace_on_an_empty_sample_is_not_tried_again(monkeypatch):
         got = raggedfn.map(f, x)
         assert len(traced) == 1, traced
         assert_same(got, _loop(f, x))
+
+
+def test_an_op_reading_another_ragged_axis_stays_out_of_a_row_tile_chain(monkeypatch):
+    # linear(a, b) with b a per-sample [m, D] weight: its result [n, m] has a ragged
+    # operand of another ragged prefix, so the chain of row tiles starts after it (tanh,
+    # mul, add) and runs on tiles; equal to the loop
+    import torch.nn.functional as F
+
+    from raggedfn._map.running import _blocks, _tiles
+    from property_tests.reference import loop
+
+    monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 16)
+    monkeypatch.setattr(_blocks, "ENABLED", False)
+    monkeypatch.setattr(_tiles, "SHARED_FRACTION", 0)  # tiles smaller than any weight
+    x = _tokens((3, 0, 5, 2), seed=1)
+    y = _tokens((2, 4, 1, 6), seed=2)
+
+    def f(a, b):
+        return torch.tanh(F.linear(a, b)) * 2 + 1
+
+    report = raggedfn.map_report(f, x, y, chunk_elements=1 << 40)
+    assert report.batched.get("row tiles", 0) == 1, report.batched
+    assert_same(report.output, loop(f, x, y))
