@@ -179,3 +179,38 @@ def test_an_op_reading_another_ragged_axis_stays_out_of_a_row_tile_chain(monkeyp
     report = raggedfn.map_report(f, x, y, chunk_elements=1 << 40)
     assert report.batched.get("row tiles", 0) == 1, report.batched
     assert_same(report.output, loop(f, x, y))
+
+
+class _SlottedScale:
+    """A captured object with slots (one of them the weak-reference slot)."""
+
+    __slots__ = ("__weakref__", "scale")
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+def test_a_captured_object_with_slots_is_checked_by_its_slots():
+    # f reads a slot of a captured object: a new value there is a new trace (the check
+    # follows the slot); a weak reference taken to the object is no change of f's
+    # inputs (the weak-reference slot is not followed): no trace again
+    import weakref
+
+    cfg = _SlottedScale(2.0)
+
+    def f(t):
+        return t * cfg.scale
+
+    x = _tokens((3, 0, 5))
+    report = raggedfn.map_report(f, x)
+    assert report.traces == 1 and report.fully_batched, str(report)
+    assert_same(report.output, _loop(f, x))
+    cfg.scale = 3.0
+    report = raggedfn.map_report(f, x)
+    assert report.traces == 2, report.traces
+    assert_same(report.output, _loop(f, x))
+    ref = weakref.ref(cfg)
+    report = raggedfn.map_report(f, x)
+    assert report.traces == 2, report.traces
+    assert_same(report.output, _loop(f, x))
+    assert ref() is cfg
