@@ -133,7 +133,6 @@ def test_a_failed_retrace_on_an_empty_sample_is_not_tried_again(monkeypatch):
     # sample without tracing f again
     from raggedfn._map.caching import _groups
 
-
     def f(t):  # as above (map's cache is per code: another function)
         if len(t) == 0:
             return t.sum(0) * float(t.sum()) + 1
@@ -164,8 +163,8 @@ def test_an_op_reading_another_ragged_axis_stays_out_of_a_row_tile_chain(monkeyp
     # mul, add) and runs on tiles; equal to the loop
     import torch.nn.functional as F
 
-    from raggedfn._map.running import _blocks, _tiles
     from property_tests.reference import loop
+    from raggedfn._map.running import _blocks, _tiles
 
     monkeypatch.setattr(_tiles, "TILE_ELEMENTS", 16)
     monkeypatch.setattr(_blocks, "ENABLED", False)
