@@ -213,3 +213,28 @@ def test_a_captured_object_with_slots_is_checked_by_its_slots():
     assert report.traces == 2, report.traces
     assert_same(report.output, _loop(f, x))
     assert ref() is cfg
+
+
+def test_the_dynamo_branch_over_a_nested_value_run_eagerly_replays_a_record(monkeypatch):
+    # map's branch under torch.compile for nested values (entry/_compiled_nested.py), run
+    # eagerly with is_compiling() patched to True: f is recorded once on the arguments'
+    # structure and the record replayed (raggedfn.sum one level deeper, the torch code as
+    # a one-level map); equal to the loop
+    from raggedfn._map.entry import _compiled_nested
+
+    x = _documents()
+
+    def f(doc):
+        return torch.tanh(raggedfn.sum(doc, 1)) * 2
+
+    want = [f(x[i]) for i in range(x.batch_size)]
+    replayed = []
+    real = _compiled_nested.run
+    monkeypatch.setattr(
+        _compiled_nested, "run", lambda program, *a: replayed.append(program) or real(program, *a)
+    )
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    got = raggedfn.map(f, x)
+    monkeypatch.undo()
+    assert len(replayed) == 1 and replayed[0].failure is None, replayed
+    assert_same(got, want)
