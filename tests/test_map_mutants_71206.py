@@ -238,3 +238,21 @@ def test_the_dynamo_branch_over_a_nested_value_run_eagerly_replays_a_record(monk
     monkeypatch.undo()
     assert len(replayed) == 1 and replayed[0].failure is None, replayed
     assert_same(got, want)
+
+
+def test_export_over_two_ragged_inputs_of_equal_lengths_traces_them_as_one_size():
+    # torch.export traces map on fake inputs (entry/_compiled.py's _trace): no data says
+    # that x and y have equal lengths, the trace with unrelated sizes fails (x * y), and
+    # map traces them again as one size; the program equals the loop on new batches
+    class Pair(torch.nn.Module):
+        def forward(self, x, y):
+            return raggedfn.map(lambda a, b: (a * b).sum(0), x, y)
+
+    x, y = _tokens((3, 5, 4), seed=3), _tokens((3, 5, 4), seed=4)
+    spec = (raggedfn.dynamic_shapes(x), raggedfn.dynamic_shapes(y))
+    program = torch.export.export(Pair(), (x, y), dynamic_shapes=spec).module()
+    for seed, lengths in enumerate([(2, 7), (6, 0, 3)]):
+        x, y = _tokens(lengths, seed=seed), _tokens(lengths, seed=seed + 10)
+        pairs = zip(raggedfn.unbind(x), raggedfn.unbind(y), strict=True)
+        want = [(a * b).sum(0) for a, b in pairs]
+        assert_same(program(x, y), want)
