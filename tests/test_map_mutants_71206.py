@@ -256,3 +256,21 @@ def test_export_over_two_ragged_inputs_of_equal_lengths_traces_them_as_one_size(
         pairs = zip(raggedfn.unbind(x), raggedfn.unbind(y), strict=True)
         want = [(a * b).sum(0) for a, b in pairs]
         assert_same(program(x, y), want)
+
+
+def test_size_one_special_cases_inside_einsum_are_not_kept_as_guards():
+    # einsum's kernel compares the ragged size with 1 (squeeze or broadcast a size-1
+    # axis: the same values); stride_only reads where torch made the guard (its
+    # framework frame) and drops it: no Ne(s, 1) among the plan's guards
+    import re
+
+    x = _tokens((3, 1, 5, 0))
+
+    def f(t):
+        return torch.einsum("nd,ne->de", t, t)
+
+    report = raggedfn.map_report(f, x)
+    assert report.fully_batched and report.traces == 1, str(report)
+    ones = [g for g in report.guards if re.search(r"Ne\(s\d+, 1\)", g)]
+    assert ones == [], report.guards
+    assert_same(report.output, _loop(f, x))
