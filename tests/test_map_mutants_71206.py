@@ -274,3 +274,28 @@ def test_size_one_special_cases_inside_einsum_are_not_kept_as_guards():
     ones = [g for g in report.guards if re.search(r"Ne\(s\d+, 1\)", g)]
     assert ones == [], report.guards
     assert_same(report.output, _loop(f, x))
+
+
+def test_a_data_dependent_size_of_shared_values_is_the_same_for_every_sample():
+    # w[w > 0] of a tensor every sample shares runs once (not batched) and makes a
+    # data-dependent size: map read it from that result (it raised "made a
+    # data-dependent size its rule did not define"); cold, warm and with another count
+    def f(t, w):  # batched but for the shared ops
+        k = w[w > 0]
+        return t.sum() * k.sum() + k.shape[0]
+
+    def g(t, w):  # the new size as an axis of the per-sample result: [u0]
+        k = w[w > 0]
+        return (t.sum(-1, keepdim=True) * k).sum(0)
+
+    x = _tokens((3, 1, 5, 0))
+    for values in ([1.0, -1.0, 2.0, 3.0], [1.0, -1.0, 2.0, 3.0], [-1.0, 4.0, -2.0, -3.0]):
+        w = torch.tensor(values, dtype=torch.float64)
+        report = raggedfn.map_report(f, x, w, in_dims=(0, None))
+        assert report.fully_batched and "aten.index.Tensor" in report.unbatched, str(report)
+        assert_same(report.output, [f(s, w) for s in raggedfn.unbind(x)])
+        for fn in (f, g):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", raggedfn.RaggedPerformanceWarning)
+                got = raggedfn.map(fn, x, w, in_dims=(0, None))
+            assert_same(got, [fn(s, w) for s in raggedfn.unbind(x)])
