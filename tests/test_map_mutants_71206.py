@@ -299,3 +299,27 @@ def test_a_data_dependent_size_of_shared_values_is_the_same_for_every_sample():
                 warnings.simplefilter("ignore", raggedfn.RaggedPerformanceWarning)
                 got = raggedfn.map(fn, x, w, in_dims=(0, None))
             assert_same(got, [fn(s, w) for s in raggedfn.unbind(x)])
+
+
+def test_where_with_one_argument_runs_per_sample_and_equals_the_loop():
+    # torch.where(condition) (aten.where.default: a tuple of index tensors, data-dependent
+    # sizes) reached where's pointwise rule, which crashed with AttributeError; it runs
+    # per sample (the report says why), over one-level and nested values
+    x = _tokens((3, 1, 5, 0))
+
+    def f(t):
+        return torch.where(t[:, 0] > 0)[0] * 2
+
+    report = raggedfn.map_report(f, x)
+    why = report.fallback.get("aten.where.default")
+    assert why is not None and "where with one argument" in why, report.fallback
+    assert_same(report.output, _loop(f, x))
+    docs = _documents()
+
+    def g(doc):
+        return torch.where(raggedfn.sum(doc, 1)[:, 0] > 0)[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", raggedfn.RaggedPerformanceWarning)
+        got = raggedfn.map(g, docs)
+    assert_same(got, [g(docs[i]) for i in range(docs.batch_size)])
