@@ -424,6 +424,31 @@ def test_attention_with_a_mask_in_the_dynamo_branch_run_eagerly_takes_the_varlen
         torch.testing.assert_close(grad, expected)
 
 
+def test_attention_of_three_axes_with_a_mask_in_the_dynamo_branch_takes_the_varlen_op(
+    monkeypatch,
+):
+    # as above with q [H, N, Dh] (no leading axis: the packed values are [N, H, Dh]) and a
+    # [1, N, N] mask: the varlen op gets every head (H = 2 per packed row)
+    from raggedfn import _prims
+
+    calls = []
+    real = _prims.varlen_attention
+    monkeypatch.setattr(_prims, "varlen_attention", lambda *a: calls.append(a[0].shape) or real(*a))
+
+    def f(t):
+        q = t.reshape(t.shape[0], 2, D // 2).transpose(0, 1)  # [H, N, Dh]
+        return F.scaled_dot_product_attention(q, q * 0.5, q, attn_mask=_hf_mask(t)[0])
+
+    raggedfn.map(f, tokens((5, 3), seed=4))  # the eager trace of f
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for seed, lengths in enumerate([(6, 2, 4), (3, 7)]):
+        calls.clear()
+        x = tokens(lengths, seed=seed)
+        got = raggedfn.map(f, x)
+        assert_same(got, loop(f, x))
+        assert calls == [(sum(lengths), 2, D // 2)], calls
+
+
 def _fields(x):
     return x.values, x.offsets, x.sizes
 

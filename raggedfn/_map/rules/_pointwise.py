@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..base._registry import rule
 from ..base._sizes import Unsupported
+from ..base._steps import TSpec
 from ..base._values import (
     Ctx,
     DenseB,
@@ -45,6 +46,8 @@ def _cast(values: Tensor, dtype: torch.dtype) -> Tensor:
 def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     """Broadcast every operand to the result's packed layout, then run the op once."""
     spec = step.out
+    if not isinstance(spec, TSpec):  # torch.where(condition): a tuple of index tensors
+        raise Unsupported("where with one argument (the indices of the nonzero elements)")
     shape = spec.shape
     if not kwargs and not torch.compiler.is_compiling():  # (no memo on the step there)
         fast = same_rows(ctx, step, args)

@@ -22,6 +22,7 @@ from ..tracing._dynamo_reads import static
 from . import _blocks
 from ._blocks import blocks, run_block
 from ._fallback import node_loop, to_output
+from ._shared_sizes import bind_shared_sizes
 from ._tiles import chains, run_chain
 
 
@@ -262,6 +263,8 @@ def run(
         result = values[count + k]
         for alias in step.rebind or ():
             values[alias] = result
+        if step.defines and not step.batched:  # an op on shared values only
+            bind_shared_sizes(ctx, step, result)
         for name in step.defines:
             if name not in ctx.env:
                 raise fail(
