@@ -135,7 +135,7 @@ SLICES = {
             "tests/test_map_regressions.py",
             "tests/test_map_soundness.py",
             "tests/test_map_mutants.py",
-            "tests/test_map_mutants_71206.py",
+            "tests/test_map_found_paths.py",
             # map's row tiles and sample groups (_tiles.py, _groups.py, _chunks.py) and
             # nested values are tested only here
             "tests/test_map_chunks.py",
