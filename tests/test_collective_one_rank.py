@@ -41,4 +41,3 @@ def test_an_empty_exchange_keeps_the_dense_shape(group) -> None:  # noqa: F811
     values = torch.zeros(0, 3, 2, requires_grad=True)
     out = all_to_all_single(values, [0], [0])
     assert out.shape == (0, 3, 2)
-

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import raggedfn
-from property_tests.reference import assert_same, loop
+from property_tests.reference import assert_same, loop, samples
 from raggedfn._map.caching import _cache, _warm
 from raggedfn._map.tracing import _signature
 from tests.test_map import D, tokens, weights
@@ -251,3 +251,29 @@ def test_traces_are_freed_at_exit_before_the_interpreter_is_torn_down() -> None:
     # it was freed during interpreter finalization
     printed = run_at_exit(_AT_EXIT)
     assert "alive at exit: False" in printed, printed
+
+
+def test_two_compiled_calls_of_f_on_other_feature_sizes_and_an_eviction_between(
+    monkeypatch,
+) -> None:
+    # two map calls of f in one compiled function, on other feature sizes: two traces
+    # (the second was the first's, and its reshape failed); one variant per entry: the
+    # second evicts the variant the first read before dynamo builds the graph's guards
+    # (an AttributeError inside dynamo, seen in CI with the shared Segment entry of
+    # nested map's compiled torch code)
+    monkeypatch.setattr(_cache, "MAX_VARIANTS", 1)
+    _cache.clear()
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(t).sum(0)
+
+    def step(x: raggedfn.Ragged, y: raggedfn.Ragged) -> torch.Tensor:
+        return raggedfn.map(f, x).sum() + raggedfn.map(f, y).sum()
+
+    x = raggedfn.from_list([torch.randn(2, 3), torch.randn(4, 3)])
+    y = raggedfn.from_list([torch.randn(3, 5), torch.randn(1, 5)])
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    expected = sum(f(t).sum() for t in [*samples(x), *samples(y)])
+    torch.testing.assert_close(compiled(x, y), expected)
+    torch.testing.assert_close(compiled(x, y), expected)

@@ -103,8 +103,13 @@ class _Variants:
         return None if holder is None else holder.__annotations__["variant"]
 
     def pop(self, vid: str, default: Any = None) -> Any:
-        holder = self.__dict__.pop(vid, None)
-        return default if holder is None else holder.__annotations__["variant"]
+        """Drop ``vid`` from lookups; its holder stays readable a while (see
+        :data:`RETIRED`)."""
+        holder = self.__dict__.get(vid)
+        if holder is None:
+            return default
+        retire(self.__dict__, vid)
+        return holder.__annotations__["variant"]
 
     def clear(self) -> None:
         self.__dict__.clear()
@@ -123,6 +128,23 @@ class _Variants:
 
 
 REGISTRY = _Variants()
+
+# Holders dropped from a registry (evicted) stay readable for the next RETIRED drops: a
+# compile in progress that read one (dynamo reads holders live and guards each one when
+# it builds the graph's guards) would otherwise fail with an AttributeError inside dynamo
+# when a trace made during the same compile evicted it. An evicted variant is still a
+# valid plan; it is only no longer found by lookups.
+RETIRED = 64
+_retired: collections.deque[tuple[dict[str, Any], str]] = collections.deque()
+
+
+def retire(holders: dict[str, Any], key: str) -> None:
+    """Remove ``holders[key]`` after ``RETIRED`` later retirements (now if the registry
+    is cleared first, which drops every holder at once)."""
+    _retired.append((holders, key))
+    while len(_retired) > RETIRED:
+        old, old_key = _retired.popleft()
+        old.pop(old_key, None)
 
 
 def function_key(f: Any) -> Any:

@@ -160,8 +160,17 @@ def _trace_now(f: Any, token: Any, structure: Any, dims: Any, layouts: Any, *fla
     """Trace ``f`` while dynamo runs: ``f`` is a real function or module (or ``None``
     and ``token`` names the real function rebuilt from one dynamo made), and dynamo
     hands the argument tensors over with their real values (example inputs)."""
-    f, key = real_function(f, token, structure, dims, layouts)
+    f, key = real_function(f, token, structure, dims, layouts, _shapes(flat))
     return _memo("trace", key, lambda: _trace(f, structure, dims, layouts, flat))
+
+
+def _shapes(flat: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What tells two calls of the same ``f`` in one compiled frame apart besides their
+    structure: the argument tensors' shapes and dtypes (two calls on different feature
+    sizes need two traces; a restart of the frame's analysis sees the same ones)."""
+    return tuple(
+        (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v) for v in flat
+    )
 
 
 def real_function(f: Any, token: Any, *static: Any) -> tuple[Any, Any]:

@@ -45,6 +45,7 @@ from ._compiled import (
     _loose,
     _outside_outer_trace,
     _rebuild,
+    _shapes,
     real_function,
 )
 from ._compiled import _memo as _once
@@ -68,7 +69,8 @@ class _Programs:
         return pid
 
     def drop(self, pid: str) -> None:
-        self.__dict__.pop(pid, None)
+        if pid in self.__dict__:  # readable a while: a compile in progress may have read it
+            _cache.retire(self.__dict__, pid)
 
 
 _PIDS = itertools.count()
@@ -102,7 +104,7 @@ def _candidates(key: Any, loose: tuple[Any, ...]) -> tuple[str, ...]:
 def _record_now(f: Any, token: Any, structure: Any, dims: Any, layouts: Any, *flat: Any) -> str:
     """Record ``f`` while dynamo runs (``token``: the real function rebuilt from the one
     dynamo made), on the real argument values dynamo hands over."""
-    f, key = real_function(f, token, structure, dims, layouts)
+    f, key = real_function(f, token, structure, dims, layouts, _shapes(flat))
     return _once("nested record", key, lambda: _record(f, structure, dims, layouts, flat))
 
 
