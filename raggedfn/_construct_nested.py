@@ -285,7 +285,3 @@ def from_segment_ids(values: Tensor, segment_ids: Any, num_segments: int) -> Rag
     return Ragged(values, offsets_of(counts), counts.unsqueeze(1), layout)
 
 
-def nested_segment_ids(x: Ragged, axis: int) -> Tensor:
-    """``[T]`` the element of ragged axis ``axis - 1`` (the sample for 0) of every row."""
-    owners, _ = coordinates(x.sizes, x.row_offsets, x.values.shape[0])
-    return ancestors(owners, axis - 1)

@@ -884,3 +884,18 @@ def test_from_list_names_the_innermost_tensor_empty_along_an_earlier_ragged_axis
         RaggedError, match=r"from_list: tensor 1 of the innermost level has ragged sizes \[0, 3\]"
     ):
         raggedfn.from_list(docs, ragged_dims=(1, 2, 3))
+
+
+def test_from_sizes_of_an_empty_batch() -> None:
+    x = raggedfn.from_sizes(torch.zeros(0, 3), torch.zeros(0, 1, dtype=torch.int64))
+    assert x.batch_size == 0 and x.values.shape == (0, 3)
+    with pytest.raises(raggedfn.RaggedError, match="0 packed rows in total"):
+        raggedfn.from_sizes(torch.zeros(2, 3), torch.zeros(0, 1, dtype=torch.int64))
+
+
+def test_mask_stays_on_the_values_device_under_another_default_device() -> None:
+    x = raggedfn.from_lengths(torch.zeros(4, 2), torch.tensor([1, 3, 0]))
+    with torch.device("meta"):
+        got = raggedfn.mask(x)
+    assert got.device == x.values.device
+    assert got.tolist() == [[True, False, False], [True, True, True], [False, False, False]]
