@@ -283,5 +283,3 @@ def from_segment_ids(values: Tensor, segment_ids: Any, num_segments: int) -> Rag
     counts = counts.index_add(0, ids.clamp(0, max(num_segments - 1, 0)), torch.ones_like(ids))
     layout = Layout.standard(1, values.ndim - 1)
     return Ragged(values, offsets_of(counts), counts.unsqueeze(1), layout)
-
-
