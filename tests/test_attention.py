@@ -485,16 +485,11 @@ def test_sizes_are_read_on_the_host_once_per_partition(monkeypatch):
         torch.testing.assert_close(out.values, torch.cat([w.transpose(0, 1) for w in want]))
 
 
-@pytest.mark.parametrize("rank", [4, 3])
-@pytest.mark.parametrize("mask_kind", ["boolean", "additive per head", "none"])
-def test_attention_with_a_mask_per_pair_equals_each_samples_sdpa_call(rank, mask_kind):
-    """``attention_with_mask`` (the path ``map`` takes for an ``attn_mask``) on a small
-    batch (one call per sample) equals the per-sample ``scaled_dot_product_attention``
-    with that sample's mask, at the rank the sample's call had, values and gradients."""
-    from raggedfn.ops._attention_masked import attention_with_mask
-
-    n_lengths, m_lengths = [3, 0, 5, 2], [4, 2, 5, 1]
-    heads = 2
+def _masked_attention_inputs(
+    n_lengths: list[int], m_lengths: list[int], mask_kind: str, heads: int = 2
+) -> tuple[list[torch.Tensor], list[raggedfn.Ragged], list[torch.Tensor]]:
+    """Leaves of q, k, v (requiring grad), the three ragged values over them, and each
+    sample's mask ``[N, M, h]`` (``mask_kind`` "none": no masks)."""
     q = tokens(n_lengths, heads=heads, seed=1)
     k = tokens(m_lengths, heads=heads, seed=2)
     v = tokens(m_lengths, heads=heads, dim=4, seed=3)
@@ -504,16 +499,31 @@ def test_attention_with_a_mask_per_pair_equals_each_samples_sdpa_call(rank, mask
         if mask_kind == "boolean":  # every query keeps its first key: no row is all masked
             keep = torch.rand(n, m, 1, generator=gen) > 0.4
             masks.append(keep | (torch.arange(m) == 0)[None, :, None])
-        else:
+        elif mask_kind != "none":
             masks.append(torch.randn(n, m, heads, generator=gen, dtype=torch.float64))
-    mask = None if mask_kind == "none" else raggedfn.from_list(masks, ragged_dims=(1, 2))
     leaves = [t.values.detach().requires_grad_() for t in (q, k, v)]
-    q, k, v = (t.with_values(leaf) for t, leaf in zip((q, k, v), leaves, strict=True))
-    got = attention_with_mask(q, k, v, mask, False, 0.7, 0.0, rank)
+    qkv = [t.with_values(leaf) for t, leaf in zip((q, k, v), leaves, strict=True)]
+    return leaves, qkv, masks
+
+
+def _assert_each_samples_sdpa(
+    got: raggedfn.Ragged,
+    leaves: list[torch.Tensor],
+    qkv: list[raggedfn.Ragged],
+    masks: list[torch.Tensor],
+    rank: int,
+    causal: bool,
+) -> None:
+    """``got`` equals, in values and gradients, one ``scaled_dot_product_attention`` call
+    per sample with that sample's mask (and the top-left causal triangle), at ``rank``."""
+    q, k, v = qkv
     want = []
     for i in range(q.batch_size):
         qi, ki, vi = (t[i].transpose(0, 1) for t in (q, k, v))  # [H, N, D]
-        mi = None if mask is None else masks[i].movedim(-1, 0)  # [h, N, M]
+        mi = masks[i].movedim(-1, 0) if masks else None  # [h, N, M]
+        if causal:
+            lower = torch.ones(qi.shape[-2], ki.shape[-2], dtype=torch.bool).tril()
+            mi = mi & lower if mi.dtype == torch.bool else mi.masked_fill(~lower, -float("inf"))
         if rank == 4:
             qi, ki, vi = qi[None], ki[None], vi[None]
             mi = None if mi is None else mi[None]
@@ -522,10 +532,25 @@ def test_attention_with_a_mask_per_pair_equals_each_samples_sdpa_call(rank, mask
     assert_same(got, want, rtol=1e-12, atol=1e-12)
     weight = torch.randn_like(got.values)
     grads = torch.autograd.grad((got.values * weight).sum(), leaves)
-    loss = sum((w * o).sum() for w, o in zip(weight.split(n_lengths), want, strict=True))
+    lengths = [w.shape[0] for w in want]
+    loss = sum((w * o).sum() for w, o in zip(weight.split(lengths), want, strict=True))
     want_grads = torch.autograd.grad(loss, leaves)
     for g, w in zip(grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rank", [4, 3])
+@pytest.mark.parametrize("mask_kind", ["boolean", "additive per head", "none"])
+def test_attention_with_a_mask_per_pair_equals_each_samples_sdpa_call(rank, mask_kind):
+    """``attention_with_mask`` (the path ``map`` takes for an ``attn_mask``) on a small
+    batch (one call per sample) equals the per-sample ``scaled_dot_product_attention``
+    with that sample's mask, at the rank the sample's call had, values and gradients."""
+    from raggedfn.ops._attention_masked import attention_with_mask
+
+    leaves, qkv, masks = _masked_attention_inputs([3, 0, 5, 2], [4, 2, 5, 1], mask_kind)
+    mask = raggedfn.from_list(masks, ragged_dims=(1, 2)) if masks else None
+    got = attention_with_mask(*qkv, mask, False, 0.7, 0.0, rank)
+    _assert_each_samples_sdpa(got, leaves, qkv, masks, rank, causal=False)
 
 
 @pytest.mark.parametrize(
@@ -574,40 +599,11 @@ def test_attention_with_a_mask_per_pair_in_length_buckets_equals_each_samples_sd
         "plan",
         lambda *a: groups.extend(len(b.samples) for b in plan(*a)) or plan(*a),
     )
-    n_lengths, m_lengths = [3, 0, 5, 2, 3, 5, 1], [4, 2, 5, 1, 4, 3, 2]
-    heads = 2
-    q = tokens(n_lengths, heads=heads, seed=1)
-    k = tokens(m_lengths, heads=heads, seed=2)
-    v = tokens(m_lengths, heads=heads, dim=4, seed=3)
-    gen = torch.Generator().manual_seed(4)
-    masks = []
-    for n, m in zip(n_lengths, m_lengths, strict=True):
-        if mask_kind == "boolean":  # every query keeps its first key: no row is all masked
-            keep = torch.rand(n, m, 1, generator=gen) > 0.4
-            masks.append(keep | (torch.arange(m) == 0)[None, :, None])
-        else:
-            masks.append(torch.randn(n, m, heads, generator=gen, dtype=torch.float64))
+    leaves, qkv, masks = _masked_attention_inputs(
+        [3, 0, 5, 2, 3, 5, 1], [4, 2, 5, 1, 4, 3, 2], mask_kind
+    )
     mask = raggedfn.from_list(masks, ragged_dims=(1, 2))
-    leaves = [t.values.detach().requires_grad_() for t in (q, k, v)]
-    q, k, v = (t.with_values(leaf) for t, leaf in zip((q, k, v), leaves, strict=True))
     with tight_buckets():
-        got = _attention_masked.attention_with_mask(q, k, v, mask, causal, 0.7, 0.0, rank)
+        got = _attention_masked.attention_with_mask(*qkv, mask, causal, 0.7, 0.0, rank)
     assert calls and max(groups) > 1
-    want = []
-    for i in range(q.batch_size):
-        qi, ki, vi = (t[i].transpose(0, 1) for t in (q, k, v))  # [H, N, D]
-        mi = masks[i].movedim(-1, 0)  # [h, N, M]
-        if causal:
-            lower = torch.ones(mi.shape[-2:], dtype=torch.bool).tril()
-            mi = mi & lower if mi.dtype == torch.bool else mi.masked_fill(~lower, -float("inf"))
-        if rank == 4:
-            qi, ki, vi, mi = qi[None], ki[None], vi[None], mi[None]
-        out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mi, scale=0.7)
-        want.append((out[0] if rank == 4 else out).transpose(0, 1))
-    assert_same(got, want, rtol=1e-12, atol=1e-12)
-    weight = torch.randn_like(got.values)
-    grads = torch.autograd.grad((got.values * weight).sum(), leaves)
-    loss = sum((w * o).sum() for w, o in zip(weight.split(n_lengths), want, strict=True))
-    want_grads = torch.autograd.grad(loss, leaves)
-    for g, w in zip(grads, want_grads, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    _assert_each_samples_sdpa(got, leaves, qkv, masks, rank, causal)
