@@ -181,21 +181,30 @@ def real_function(f: Any, token: Any, *static: Any) -> tuple[Any, Any]:
     return f, (_cache.function_key(f), id(f), *static)
 
 
-def _trace(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...]) -> Any:
-    if structure is None:
-        return None
+def rebuild_args(structure: Any, layouts: Any, flat: tuple[Any, ...]) -> Any:
+    """``map``'s arguments from the flat tensors dynamo handed over: per leaf, ``None``
+    (the tensor itself), a layout code (a one-level ``Ragged``: values, offsets, sizes)
+    or ``(code, levels)`` (a nested one: those and one row tensor per level)."""
     leaves: list[Any] = []
     it = iter(flat)
     for layout in layouts:
         if layout is None:
             leaves.append(next(it))
-        else:
-            values, offsets, sizes = next(it), next(it), next(it)
-            leaves.append(Ragged._make(values, offsets, sizes, Layout(layout)))
-    args = torch.utils._pytree.tree_unflatten(
+            continue
+        code, count = layout if isinstance(layout, tuple) else (layout, 0)
+        values, offsets, sizes = next(it), next(it), next(it)
+        rows = tuple(next(it) for _ in range(count))
+        leaves.append(Ragged._make(values, offsets, sizes, Layout(code), rows))
+    return torch.utils._pytree.tree_unflatten(
         leaves,
         torch.utils._pytree.tree_flatten(_rebuild(structure), is_leaf=is_ragged_leaf)[1],
     )
+
+
+def _trace(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...]) -> Any:
+    if structure is None:
+        return None
+    args = rebuild_args(structure, layouts, flat)
     dims, leaves, treespec, kinds, _ = prepare("map", args, dims)
     # outside dynamo's tracing context: make_fx must use raggedfn's own fake mode and
     # shape environment, not the one of the graph being compiled

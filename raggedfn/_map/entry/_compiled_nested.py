@@ -27,7 +27,6 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..._errors import fail
-from ..._layout import Layout
 from ..._ragged import Ragged
 from ..caching import _cache
 from ..caching._lookup import prepare, roots_of
@@ -35,7 +34,7 @@ from ..nested._program import Program, build, run
 from ..nested._run import NotBatched
 from ..tracing._deps import walk
 from ..tracing._dynamo_reads import made_inside, one_graph, rebuilt
-from ..tracing._trace import LOCK, is_ragged_leaf
+from ..tracing._trace import LOCK
 
 # shared with one-level compiled map (the same mechanism, one module each)
 from ._compiled import (
@@ -44,9 +43,9 @@ from ._compiled import (
     _empty_hooks_unguarded,
     _loose,
     _outside_outer_trace,
-    _rebuild,
     _shapes,
     real_function,
+    rebuild_args,
 )
 from ._compiled import _memo as _once
 
@@ -109,20 +108,7 @@ def _record_now(f: Any, token: Any, structure: Any, dims: Any, layouts: Any, *fl
 
 
 def _record(f: Any, structure: Any, dims: Any, layouts: Any, flat: tuple[Any, ...]) -> str:
-    leaves: list[Any] = []
-    it = iter(flat)
-    for layout in layouts:
-        if layout is None:
-            leaves.append(next(it))
-        else:
-            code, count = layout
-            values, offsets, sizes = next(it), next(it), next(it)
-            rows = tuple(next(it) for _ in range(count))
-            leaves.append(Ragged._make(values, offsets, sizes, Layout(code), rows))
-    args = torch.utils._pytree.tree_unflatten(
-        leaves,
-        torch.utils._pytree.tree_flatten(_rebuild(structure), is_leaf=is_ragged_leaf)[1],
-    )
+    args = rebuild_args(structure, layouts, flat)
     dims, leaves, treespec, kinds, _ = prepare("map", args, dims)
     with torch._guards.tracing(None), unset_fake_temporarily(), _outside_outer_trace(), LOCK:
         deps = walk(roots_of(f, leaves, kinds))
