@@ -213,7 +213,11 @@ def check_one_all_gather_per_block_per_map_call(rank: int) -> list[str]:
 def check_traced_once(rank: int) -> list[str]:
     """FSDP2's bookkeeping (gathered or not, its training state) changes at every call:
     it is not part of what a trace of f depends on."""
-    model = _sharded("call", blocks=True)
+    return traced_once(_sharded("call", blocks=True), seed=rank)
+
+
+def traced_once(model: Model, seed: int) -> list[str]:
+    """Three map calls through the sharded blocks trace once (the problems found)."""
     blocks = model.blocks
 
     def f(t: torch.Tensor) -> torch.Tensor:
@@ -222,7 +226,7 @@ def check_traced_once(rank: int) -> list[str]:
         return t.sum()
 
     for step in range(3):
-        raggedfn.map(f, _tokens([2 + step, 3], seed=rank)).sum().backward()
+        raggedfn.map(f, _tokens([2 + step, 3], seed=seed)).sum().backward()
     info = raggedfn.map_cache_info(f)
     return [] if (info.traces, info.hits) == (1, 2) else [f"{info}"]
 
