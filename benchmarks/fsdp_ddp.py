@@ -17,6 +17,13 @@ file rendezvous, ``--threads`` threads each), each rank holding its own batch of
 - ``ddp``: ``DistributedDataParallel(model, gradient_as_bucket_view=True)`` (the
   gradients are views into DDP's all-reduce buckets: no second gradient-sized copy).
 
+A reference pair, timed in the same rounds: ``plain_fsdp`` and ``plain_ddp``, the same
+two wrappings of the same blocks run without ``map`` on the rank's packed tokens as one
+sequence (``[1, T, hidden]``: the same token count through every linear layer, attention
+across the samples, so not the same model). Their ratio is what FSDP2 costs over DDP at
+this amount of work without raggedfn: the part of the ``fsdp / ddp`` ratio that is
+FSDP2's own.
+
 Measured per rank:
 
 - **state**: the bytes of parameters, gradients and Adam's state a rank holds after a
@@ -72,6 +79,7 @@ from benchmarks._standalone import cli, header, rotated_rounds
 
 WORLD = 2
 SYSTEMS = ("fsdp", "ddp")
+PLAIN = ("plain_fsdp", "plain_ddp")  # the reference pair: no map (timing only)
 TARGETS = {"state_ratio": 0.6, "time_ratio": 1.3}
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
@@ -123,6 +131,17 @@ class Model(torch.nn.Module):
         return (self.head(raggedfn.map(per_sample, embedded)) ** 2).sum() * scale
 
 
+class PlainModel(Model):
+    """The same blocks without ``map``: the packed tokens as one sequence ``[1, T, hidden]``
+    (attention across the samples), for the reference pair's timing only."""
+
+    def forward(self, tokens: raggedfn.Ragged, scale: float) -> torch.Tensor:
+        x = self.embed(tokens.values)[None]
+        for block in self.blocks:
+            x = block(x)
+        return (self.head(x[0]) ** 2).sum() * scale
+
+
 @dataclasses.dataclass
 class System:
     model: Model
@@ -143,9 +162,9 @@ def build(name: str, size: Size) -> System:
     from torch.nn.parallel import DistributedDataParallel
 
     torch.manual_seed(0)  # the same initial weights in both systems, on every rank
-    model = Model(size)
+    model = PlainModel(size) if name in PLAIN else Model(size)
     wrapped: torch.nn.Module
-    if name == "fsdp":
+    if name.endswith("fsdp"):
         mesh = init_device_mesh("cpu", (WORLD,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)  # every block its own unit
@@ -280,12 +299,15 @@ def measure(rank: int, size: Size, rounds: int, orders: int) -> dict[str, Any]:
     ]
     out["parameters"] = sum(_local(p).numel() for p in systems["ddp"].model.parameters())
     out["loss_step1"] = {name: float(s.step(tokens, scale)) for name, s in systems.items()}
-    runs = {name: _timed(s, tokens, scale) for name, s in systems.items()}
-    timed = rotated_rounds(runs, rounds, ours="fsdp")
+    plain = {name: build(name, size) for name in PLAIN}
+    out["plain_loss_step1"] = {name: float(s.step(tokens, scale)) for name, s in plain.items()}
+    runs = {name: _timed(s, tokens, scale) for name, s in (systems | plain).items()}
+    timed = rotated_rounds(runs, rounds, ours="fsdp", also=("plain_fsdp",))
     out["median_ms"] = timed["median_ms"]
     out["fsdp_over_ddp"] = timed["raggedfn_over"]["ddp"]
+    out["plain_fsdp_over_ddp"] = timed["plain_fsdp_over"]["plain_ddp"]
     out["max_parameter_difference"] = _max_difference(fsdp, systems["ddp"].model)
-    del systems, runs, fsdp
+    del systems, plain, runs, fsdp
     out["collectives_ms"] = collectives(out["parameters"], rounds)
     out["timing_seconds"] = round(time.perf_counter() - started, 2)
     # peak RSS, each system alone (after the timing: first-call allocations are done),
@@ -365,6 +387,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # none where DDP's step grows the RSS by less than a MiB (tiny sizes)
         "peak_rss_ratio": max(peak["fsdp"]) / max(peak["ddp"]) if max(peak["ddp"]) >= 1 else None,
         "time_ratio": ranks[0]["fsdp_over_ddp"],  # the same on both ranks (slower rank's)
+        "plain_time_ratio": ranks[0]["plain_fsdp_over_ddp"],
     }
     return {
         **header("fsdp_ddp", args),
@@ -432,6 +455,16 @@ def markdown(record: dict[str, Any]) -> str:
         f"{r0['loss_step1']['fsdp']:.9g}, ddp {r0['loss_step1']['ddp']:.9g}; largest parameter "
         f"difference after {record['rounds'] + 2} steps: {r0['max_parameter_difference']:.2g}.",
     ]
+    plain = record.get("plain_time_ratio")
+    if plain is not None:
+        ms = r0["median_ms"]
+        lines += [
+            "",
+            f"Without raggedfn, for reference (the same blocks on the rank's packed tokens as "
+            f"one sequence, no map): FSDP2 {ms['plain_fsdp']:.1f} ms, DDP "
+            f"{ms['plain_ddp']:.1f} ms per step, FSDP2 / DDP {plain:.2f}x, against "
+            f"{record['time_ratio']:.2f}x with the blocks inside map.",
+        ]
     c = r0.get("collectives_ms")
     if c:
         extra = 2 * c["all_gather"] + c["reduce_scatter"] - c["all_reduce"]

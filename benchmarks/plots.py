@@ -222,6 +222,8 @@ def plot_fsdp_ddp(record: dict[str, Any], path: Path) -> bool:
         "peak RSS per rank": {"fsdp / ddp": record["peak_rss_ratio"]},
         "step time": {"fsdp / ddp": record["time_ratio"]},
     }
+    if record.get("plain_time_ratio") is not None:  # FSDP2's own ratio, without map
+        groups["step time without map\n(reference)"] = {"fsdp / ddp": record["plain_time_ratio"]}
     groups = {k: v for k, v in groups.items() if v["fsdp / ddp"] is not None}
     size = record["size"]
     return write_bars(

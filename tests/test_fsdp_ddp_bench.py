@@ -46,6 +46,26 @@ def _loop_loss(size: fsdp_ddp.Size, rank: int) -> float:
     return float(total) * fsdp_ddp.WORLD / sum(len(ls) for ls in lengths)
 
 
+def test_the_reference_pair_runs_the_blocks_without_map(record: dict) -> None:
+    """plain_fsdp and plain_ddp: the same seed-0 weights on the rank's packed tokens as one
+    sequence, both wrappings giving one unsharded process's loss."""
+    size = fsdp_ddp.Size(**record["size"])
+    lengths = size.lengths()
+    for rank in record["ranks"]:
+        torch.manual_seed(0)
+        model = fsdp_ddp.PlainModel(size)
+        tokens = fsdp_ddp._tokens(lengths[rank["rank"]], size.vocab, rank["rank"])
+        scale = fsdp_ddp.WORLD / sum(len(ls) for ls in lengths)
+        with torch.no_grad():
+            want = float(model(tokens, scale))
+        assert want != pytest.approx(_loop_loss(size, rank["rank"]))  # not map's model
+        for name in fsdp_ddp.PLAIN:
+            assert rank["plain_loss_step1"][name] == pytest.approx(want, rel=1e-5, abs=1e-7)
+        assert rank["median_ms"].keys() == {*fsdp_ddp.SYSTEMS, *fsdp_ddp.PLAIN}
+    assert record["plain_time_ratio"] > 0
+    assert "Without raggedfn, for reference" in fsdp_ddp.markdown(record)
+
+
 def _chunk_numel(p: torch.Tensor, rank: int) -> int:
     rows = -(-p.shape[0] // fsdp_ddp.WORLD)
     return max(0, min(rows, p.shape[0] - rank * rows)) * p[0].numel()
