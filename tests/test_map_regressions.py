@@ -290,6 +290,14 @@ def _first_rows_up_to_three(t):
     return t.narrow(0, 0, min(3, t.shape[0]))
 
 
+def _rows_before_two_of_the_last_then_a_branch_on_data(t):
+    # program 1394 of seed 3097554124: no rows for every n >= 3, one at n = 2, where
+    # the branch on the selected rows' count stops the small probe
+    h = t[-1:2]
+    h = h[h[:, 0] > 0]
+    return h.cumsum(0) if h.numel() > 0 else h + 1
+
+
 @pytest.mark.parametrize(
     ("f", "batches", "ragged"),
     [
@@ -303,6 +311,23 @@ def test_19_output_type_is_decided_by_f_not_by_the_batch(f, batches, ragged):
     for lengths in batches:
         got = _same_as_loop(f, lengths)
         assert isinstance(got, raggedfn.Ragged) == ragged, (lengths, type(got))
+
+
+def test_19_a_guarded_trace_whose_probe_stops_claims_no_structure():
+    """The first trace fixes 0 rows (``n >= 3``) and the probe on 2 rows stops at the
+    branch on the data: the structure is unknown (it once kept the first trace's, so
+    ``[0, 0]`` gave a dense ``[2, 0, 2]`` where ``[0, 1]`` gave a ``Ragged``), and each
+    batch's kinds follow its samples' sizes as docs/map.md's Known limits say."""
+    f = _rows_before_two_of_the_last_then_a_branch_on_data
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        report = raggedfn.map_report(f, raggedfn.from_list(_samples([6, 7])))
+    assert report.structure is None, report.structure
+    # 0 rows, equal to every sample's length: ragged; 0 rows of 6 and 7: dense
+    assert isinstance(_same_as_loop(f, [0, 0]), raggedfn.Ragged)
+    assert isinstance(_same_as_loop(f, [6, 7]), torch.Tensor)
+    _same_as_loop(f, [0, 1])
+    _same_as_loop(f, [2, 2, 5])
 
 
 def _narrow_of_a_selection(t):

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..._errors import RaggedError, fail
+from ..base._sizes import Sz
 from ..base._steps import Plan, TSpec
 from ..running._fallback import output_specs
 from ..running._split import ragged_positions_of
@@ -108,8 +109,9 @@ def _structure(
     for every n >= 3), its fixed output sizes may still follow the input's: a probe
     trace on small sizes tells them apart (axes ragged there, or of other sizes,
     are ragged). Where that probe stops early (``t[4]``) and a guard fixed a size,
-    ``again`` traces on other large sizes instead. The structure depends on f only,
-    never on a batch."""
+    ``again`` traces on other large sizes instead; where none tells and an output
+    has a fixed-size axis, the structure is unknown (None). The structure depends on
+    f only, never on a batch."""
     specs, pinned, guarded = _specs(plan)
     if specs is None:
         return None, None
@@ -121,8 +123,11 @@ def _structure(
     if (more is None or len(more) != len(specs)) and pinned and again is not None:
         more, _, _ = _specs(again())
     if more is None or len(more) != len(specs):
-        # the probe stopped early: a pinned trace cannot tell; else keep the first's
-        return (None if pinned else [tuple(sorted(p)) for p in positions]), other
+        # the probe stopped early: a pinned trace cannot tell, nor can a guarded one
+        # with a fixed-size output axis (``h[-1:2]`` has no rows for every n >= 3 and
+        # one at n = 2, where a branch on the data stops the probe); else the first's
+        unknown = pinned or any(_fixed_axis(s) for s in specs)
+        return (None if unknown else [tuple(sorted(p)) for p in positions]), other
     _union(positions, specs, more)
     if pinned and again is not None:
         # both example sizes may give the same fixed size where the output follows the
@@ -131,6 +136,10 @@ def _structure(
         if third is not None and len(third) == len(specs):
             _union(positions, specs, third)
     return [tuple(sorted(p)) for p in positions], other
+
+
+def _fixed_axis(spec: Any) -> bool:
+    return isinstance(spec, TSpec) and any(not isinstance(s, Sz) for s in spec.shape)
 
 
 def _union(positions: list[set[int]], specs: list[Any], more: list[Any]) -> None:
