@@ -900,3 +900,17 @@ def test_a_bool_read_with_item_is_defined_per_sample():
     got = _quiet(_gated_by_a_bool_read_from_the_data, x32)
     assert got.dtype == torch.float32
     assert_restacked(got, [_gated_by_a_bool_read_from_the_data(s) for s in raggedfn.unbind(x32)])
+
+
+def _select_from_zeros_when_empty(t):
+    # program 1347 of seed 11: under the n == 0 plan masked_select runs once, on a
+    # tensor no sample owns; its data-dependent size is the same for every sample
+    h = t.new_zeros(2) if t.shape[0] == 0 else t.amax(0)
+    return h, torch.masked_select(h, h > 0)
+
+
+@pytest.mark.parametrize("lengths", [[0], [0, 0], [0, 7, 3], [4, 0]])
+def test_a_data_dependent_size_of_an_op_on_shared_values_is_defined(lengths):
+    """It raised "op aten.masked_select.default made a data-dependent size its rule did
+    not define" on every batch holding an empty sample."""
+    _same_as_loop(_select_from_zeros_when_empty, lengths)
