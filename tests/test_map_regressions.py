@@ -914,3 +914,53 @@ def test_a_data_dependent_size_of_an_op_on_shared_values_is_defined(lengths):
     """It raised "op aten.masked_select.default made a data-dependent size its rule did
     not define" on every batch holding an empty sample."""
     _same_as_loop(_select_from_zeros_when_empty, lengths)
+
+
+@pytest.mark.parametrize(
+    ("f", "batched"),
+    [
+        pytest.param(lambda t: torch.add(torch.tanh(t), t, alpha=t.shape[0]), False, id="alpha"),
+        pytest.param(lambda t: torch.add(t, t.sum(0), alpha=t.shape[0]), False, id="alpha-dense"),
+        pytest.param(lambda t: torch.sub(t, t.exp(), alpha=t.shape[0]), False, id="sub-alpha"),
+        pytest.param(lambda t: torch.add(t, t, alpha=t.sum().item()), False, id="alpha-item"),
+        pytest.param(lambda t: torch.addcmul(t, t, t, value=t.shape[0]), False, id="addcmul"),
+        # a float read from the data, in the node's loop: it was truncated to an int
+        pytest.param(lambda t: F.leaky_relu(t, t.abs().sum().item() / 7), False, id="slope"),
+        pytest.param(lambda t: F.elu(t, alpha=t.abs().sum().item()), False, id="elu-alpha"),
+        pytest.param(lambda t: torch.clamp(t, min=-t.shape[0] / 4), True, id="clamp-min"),
+        pytest.param(lambda t: torch.clamp(t, -t.shape[0] / 4, t.shape[0] / 4), True, id="clamp"),
+        pytest.param(lambda t: t.clamp_max(t.shape[0] / 4), True, id="clamp-max"),
+    ],
+)
+def test_a_per_sample_number_in_a_scalar_argument_equals_the_loop(f, batched):
+    """A per-sample size or item where the op's schema takes a Scalar: aten refused the
+    batched tensor ("Expected a value of type 'number' for argument 'alpha'"); clamp's
+    bounds take its Tensor overload (batched), the rest run the node's loop."""
+    samples = _samples([3, 1, 0, 4])
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        report = raggedfn.map_report(f, raggedfn.from_list(samples))
+    assert_restacked(report.output, [f(s.clone()) for s in samples])
+    assert report.fully_batched == batched, str(report)
+
+
+def _bounded_by_the_length(t):
+    return torch.clamp(t, min=-t.shape[0] / 4, max=t.shape[0] / 4) * 2
+
+
+def _loss_of_bounds_by_the_length(values, offsets, sizes):
+    x = raggedfn.Ragged(values, offsets, sizes, LAYOUT)
+    return raggedfn.map(_bounded_by_the_length, x).values.pow(2).sum()
+
+
+def test_a_per_sample_bound_compiles_to_clamps_tensor_overload():
+    """Inside torch.compile the op's Scalar slots are read outside dynamo's view
+    (``_registry.scalar_slots``; dynamo cannot iterate a pybind schema)."""
+    x = raggedfn.from_list(_samples([3, 1, 5]) * 2)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(_loss_of_bounds_by_the_length, fullgraph=True, dynamic=True)
+    args = (x.values, x.offsets, x.sizes)
+    expected = sum(_bounded_by_the_length(s).pow(2).sum() for s in raggedfn.unbind(x))
+    torch.testing.assert_close(compiled(*args), expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

@@ -73,6 +73,34 @@ def _schema_args(target: Any) -> tuple[tuple[str, bool, bool, Any], ...]:
     return found
 
 
+def scalar_slots(target: Any) -> tuple[tuple[int, str], ...]:
+    """``(position, name)`` of each argument of an op's schema that takes no tensor
+    (position -1 for a keyword-only one); read outside dynamo's view as above."""
+    if torch.compiler.is_compiling():
+        return _scalar_slots_now(target)
+    return _scalar_slots(target)
+
+
+@torch._dynamo.assume_constant_result
+def _scalar_slots_now(target: Any) -> tuple[tuple[int, str], ...]:
+    return _scalar_slots(target)
+
+
+SCALAR_SLOTS: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def _scalar_slots(target: Any) -> tuple[tuple[int, str], ...]:
+    found = SCALAR_SLOTS.get(target)
+    if found is None:
+        found = tuple(
+            (-1 if a.kwarg_only else i, a.name)
+            for i, a in enumerate(target._schema.arguments)
+            if "Tensor" not in str(a.type)
+        )
+        SCALAR_SLOTS[target] = found
+    return found
+
+
 def _is_pointwise(target: Any) -> bool:
     import torch
 

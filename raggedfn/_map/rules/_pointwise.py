@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..base._registry import rule
+from ..base._registry import rule, scalar_slots
 from ..base._sizes import Unsupported
 from ..base._steps import TSpec
 from ..base._values import (
@@ -75,8 +75,10 @@ def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
         return align(ctx, x, shape, layout, struct)
 
     target = step.target
-    if any(isinstance(a, SymB) for a in operands) and step.twin is not None:
-        target = step.twin  # a per-sample size as the scalar operand (t % t.shape[0])
+    if any(isinstance(a, SymB) for a in operands):  # a per-sample number as an operand
+        if step.twin is not None:
+            target = step.twin  # the scalar operand's Tensor overload (t % t.shape[0])
+        target = _tensor_slots(target, args, kwargs)
     values = target(*(prepare(a) for a in args), **{k: prepare(v) for k, v in kwargs.items()})
     values = _cast(values, spec.dtype)
     if struct is None:
@@ -86,6 +88,28 @@ def pointwise(ctx: Ctx, step: Any, *args: Any, **kwargs: Any) -> Any:
     if values.ndim != 1 + len(shape) - len(sz) or values.shape[0] != struct.total:
         values = values.expand(struct.total, *dense_shape(shape, layout))
     return RaggedB(values, layout, sz, struct)
+
+
+_TENSOR_BOUNDS = (aten.clamp, aten.clamp_min, aten.clamp_max)
+
+
+def _tensor_slots(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``target``, or its Tensor overload, such that every per-sample number sits where
+    the schema takes a tensor; a per-sample number in a Scalar slot without one
+    (``alpha=t.shape[0]``, ``addcmul``'s ``value=``) runs the node's loop."""
+    if getattr(target, "_schema", None) is None:
+        return target
+    scalar = [
+        name
+        for position, name in scalar_slots(target)
+        if is_batched(args[position] if 0 <= position < len(args) else kwargs.get(name))
+    ]
+    if not scalar:
+        return target
+    packet = target.overloadpacket
+    if packet in _TENSOR_BOUNDS and hasattr(packet, "Tensor"):
+        return packet.Tensor  # per-sample bounds as tensors (torch.clamp(t, min=n))
+    raise Unsupported(f"a per-sample number as the scalar argument {scalar[0]} of {packet}")
 
 
 def same_rows(ctx: Ctx, step: Any, args: Sequence[Any]) -> RaggedB | None:

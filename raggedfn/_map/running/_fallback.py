@@ -36,8 +36,9 @@ def sample_of(ctx: Ctx, value: Any, i: int) -> Any:
     """Sample ``i`` of a batched interpreter value as an ordinary tensor (host sync)."""
     if isinstance(value, DenseB):
         return value.data[i]
-    if isinstance(value, SymB):
-        return int(ctx.eval(value.sz)[i])
+    if isinstance(value, SymB):  # a size, or a number read from the data (``.item()``)
+        number = ctx.eval(value.sz)[i]
+        return float(number) if number.is_floating_point() else int(number)
     if isinstance(value, RaggedB):
         start, stop = (int(v) for v in value.struct.offsets[i : i + 2].tolist())
         sizes = [int(s) for s in value.struct.sizes[i].tolist()]
