@@ -78,7 +78,7 @@ class _Counted(torch.nn.Module):
         return (self.linear(t) * self.scale).tanh() * self.repeats
 
 
-def test_a_number_the_check_reads_gets_its_value_guard_alone():
+def test_compiled_a_number_the_check_reads_gets_its_value_guard_alone():
     # kills _dynamo_reads._fill_exact_type mutmut_15 (``type(var)`` -> ``type(None)``:
     # the constant's exact type no longer read from its value guard, the compiled check
     # asks ``type(v) is int`` plainly and dynamo adds a TYPE_MATCH guard to the value's)
@@ -99,7 +99,7 @@ def test_a_number_the_check_reads_gets_its_value_guard_alone():
         assert found == ["EQUALS_MATCH"], (name, found)
 
 
-def test_a_module_dict_the_step_read_before_map_is_checked_by_its_keys():
+def test_compiled_a_module_dict_the_step_read_before_map_is_checked_by_its_keys():
     # kills _dynamo_reads.keys_of mutmut_3 (``out = None``): where dynamo has already
     # read the module's parameter dict (the step sums over its values before map), the
     # hook leaves ``out`` alone and keys_of must fall back to ``tuple(table)``; the
@@ -195,7 +195,9 @@ def _shared_cond(t):
     return t * picked.sum() * k
 
 
-def test_a_shared_op_returning_a_number_then_a_new_size_defines_that_size():
+def test_a_shared_cond_returning_a_number_then_a_new_size_defines_it_compiled_branches():
+    # (torch.cond compiles its branches with dynamo, which mutmut's trampolines stop: the
+    # name keeps it out of the mutation slice with the compiled tests)
     # kills _shared_sizes.bind_shared_sizes mutmut_17 (``continue`` -> ``break``): the
     # cond ran once on shared values and returns (int, tensor of a data-dependent
     # length); stopping at the int left the length undefined ("made a data-dependent
