@@ -19,6 +19,7 @@ from property_tests.reference import assert_same, loop
 from raggedfn import _prims
 from raggedfn._map.rules import _reduce
 from raggedfn._map.running import _blocks, _chunked, _tiles
+from tests.test_map_compile_guards import _kinds
 
 LAYOUT = raggedfn.Layout.standard(1, 1)
 D = 8
@@ -44,18 +45,6 @@ def _compile(step):
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounter()
     return torch.compile(step, fullgraph=True, dynamic=True, backend=counter), counter
-
-
-def _kinds(fn) -> list[tuple[str, str]]:
-    """``(source, guard kind)`` of every leaf guard of the frame's cache entries."""
-    out = []
-    for entry in torch._dynamo.eval_frame._debug_get_cache_entry_list(fn.__code__):
-        stack = [entry.guard_manager.root]
-        while stack:
-            node = stack.pop()
-            out.extend((node.get_source(), type(g).__name__) for g in node.get_leaf_guards())
-            stack.extend(node.get_child_managers())
-    return out
 
 
 # ----- dynamo's view of user state (tracing/_dynamo_reads.py) ---------------------------

@@ -21,21 +21,7 @@ from property_tests.reference import assert_same, loop
 from raggedfn import RaggedPerformanceWarning
 from raggedfn._map.caching import _cache
 from raggedfn._map.entry import _compiled
-
-D = 4
-LENGTHS = (3, 0, 5, 1)
-
-
-def tokens(lengths=LENGTHS, dim=D, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return raggedfn.from_list(
-        [torch.randn(n, dim, generator=gen, dtype=torch.float64) for n in lengths]
-    )
-
-
-def weights(*shape, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=gen, dtype=torch.float64)
+from tests.test_map_mutants import LENGTHS, D, tokens, weights
 
 
 @pytest.fixture(autouse=True)
