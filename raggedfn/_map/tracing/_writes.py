@@ -127,7 +127,7 @@ def functional_twin(node: Any) -> Any:
     if alias_chain(node.args[0]) is None:
         return None
     name = schema.name.split("::")[-1]
-    if not name.endswith("_"):
+    if not name.endswith("_") or not schema.name.startswith("aten::"):  # twins: aten's
         return None
     packet = getattr(torch.ops.aten, name[:-1], None)
     overload = getattr(packet, node.target._overloadname, None) if packet is not None else None
