@@ -177,6 +177,9 @@ SLICES = {
             "tests/test_map_mutants_tracing.py",
             "tests/test_map_mutants_running.py",
             "tests/test_map_mutants_misc.py",
+            "tests/test_map_mutants_blocks.py",
+            "tests/test_map_mutants_warm.py",
+            "tests/test_map_mutants_nested.py",
         ),
     ),
 }
