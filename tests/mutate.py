@@ -71,6 +71,8 @@ SLICES = {
             "tests/test_fast_paths.py",
             # the all_to_all rule on a gloo group of one rank, in this process
             "tests/test_collective_one_rank.py",
+            # survivors of the 2026-12-08 draw (logsumexp's shift, varlen's empty axes)
+            "tests/test_prims_mutants.py",
         ),
     ),
     "ops": Slice(
