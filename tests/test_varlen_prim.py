@@ -14,6 +14,17 @@ from raggedfn._prims import _varlen
 Q_LENGTHS, K_LENGTHS = [3, 0, 5, 1, 2], [4, 2, 0, 1, 6]
 
 
+def assert_same_grads(got, want, leaves, cotangent):
+    """The gradients of ``got`` and ``want`` with respect to ``leaves`` agree."""
+    options = {"allow_unused": True, "materialize_grads": True}
+    for g, w in zip(
+        torch.autograd.grad(got, leaves, cotangent, **options),
+        torch.autograd.grad(want, leaves, cotangent, **options),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, w)
+
+
 def packed(lengths, seed, dtype=torch.float64, heads=2, dim=3):
     gen = torch.Generator().manual_seed(seed)
     values = torch.randn(sum(lengths), heads, dim, generator=gen, dtype=dtype)
@@ -52,15 +63,7 @@ def test_equals_per_sample_sdpa_in_values_and_gradients(dtype, causal, q_lengths
     got = run(q, k, v, causal)
     want = reference(q, k, v, causal)
     torch.testing.assert_close(got, want)
-    cotangent = torch.randn_like(got)
-    leaves = [q.values, k.values, v.values]
-    options = {"allow_unused": True, "materialize_grads": True}
-    for g, w in zip(
-        torch.autograd.grad(got, leaves, cotangent, **options),
-        torch.autograd.grad(want, leaves, cotangent, **options),
-        strict=True,
-    ):
-        torch.testing.assert_close(g, w)
+    assert_same_grads(got, want, [q.values, k.values, v.values], torch.randn_like(got))
 
 
 def test_gradcheck_float64_and_double_backward_refused():
@@ -145,15 +148,7 @@ def test_per_sample_heads_are_views_unless_d_is_strided(unit_stride):
     got = run(q, k, v, False)
     want = reference(q, k, v, False)
     torch.testing.assert_close(got, want)
-    cotangent = torch.randn_like(got)
-    leaves = [q.values, k.values, v.values]
-    options = {"allow_unused": True, "materialize_grads": True}
-    for g, w in zip(
-        torch.autograd.grad(got, leaves, cotangent, **options),
-        torch.autograd.grad(want, leaves, cotangent, **options),
-        strict=True,
-    ):
-        torch.testing.assert_close(g, w)
+    assert_same_grads(got, want, [q.values, k.values, v.values], torch.randn_like(got))
 
 
 @pytest.mark.parametrize(
@@ -186,15 +181,7 @@ def test_a_mask_equals_per_sample_sdpa_with_it(q_lengths, k_lengths):
         outs.append(F.scaled_dot_product_attention(*heads, attn_mask=m).transpose(0, 1))
     want = torch.cat(outs)
     torch.testing.assert_close(got, want)
-    cotangent = torch.randn_like(got)
-    leaves = [q.values, k.values, v.values]
-    options = {"allow_unused": True, "materialize_grads": True}
-    for g, w in zip(
-        torch.autograd.grad(got, leaves, cotangent, **options),
-        torch.autograd.grad(want, leaves, cotangent, **options),
-        strict=True,
-    ):
-        torch.testing.assert_close(g, w)
+    assert_same_grads(got, want, [q.values, k.values, v.values], torch.randn_like(got))
 
 
 def test_a_mask_of_the_wrong_size_is_refused():
