@@ -118,6 +118,7 @@ SLICES = {
         ("raggedfn._construct", "raggedfn._padded."),
         (
             "tests/test_construct.py",
+            "tests/test_construct_mutants.py",
             "tests/test_ragged.py",
             "tests/test_interop.py",
             "property_tests/test_construct_props.py",
