@@ -22,7 +22,7 @@ from ..tracing._dynamo_reads import static
 from . import _blocks
 from ._blocks import blocks, run_block
 from ._fallback import node_loop, to_output
-from ._shared_sizes import bind_shared_sizes
+from ._shared_sizes import bind_shared_sizes, ran_once
 from ._tiles import chains, run_chain
 
 
@@ -263,7 +263,7 @@ def run(
         result = values[count + k]
         for alias in step.rebind or ():
             values[alias] = result
-        if step.defines and (not step.batched or _ran_once(result)):
+        if step.defines and (not step.batched or ran_once(result)):
             bind_shared_sizes(ctx, step, result)  # an op that ran on shared values only
         for name in step.defines:
             if name not in ctx.env:
@@ -484,13 +484,6 @@ def _random_rule(ctx: Ctx, step: Step, args: tuple[Any, ...], kwargs: dict[str, 
 
     out = torch.vmap(call, randomness="different")(dummy)
     return pytree.tree_map(DenseB, out) if isinstance(out, (tuple, list)) else DenseB(out)
-
-
-def _ran_once(result: Any) -> bool:
-    """No batched value in ``result``: the op ran once, on shared operands (a plan
-    under ``n == 0`` where ``f`` selects from ``t.new_zeros(2)``)."""
-    parts = result if isinstance(result, (tuple, list)) else (result,)
-    return not any(isinstance(r, BATCHED) for r in parts)
 
 
 def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

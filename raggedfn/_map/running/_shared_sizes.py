@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..base._sizes import Sz
 from ..base._steps import Step, TSpec
-from ..base._values import Ctx
+from ..base._values import BATCHED, Ctx
 
 
 def bind_shared_sizes(ctx: Ctx, step: Step, result: Any) -> None:
@@ -28,4 +28,11 @@ def bind_shared_sizes(ctx: Ctx, step: Step, result: Any) -> None:
                 )
 
 
-__all__ = ["bind_shared_sizes"]
+def ran_once(result: Any) -> bool:
+    """No batched value in ``result``: the op ran once, on shared operands (a plan
+    under ``n == 0`` where ``f`` selects from ``t.new_zeros(2)``)."""
+    parts = result if isinstance(result, (tuple, list)) else (result,)
+    return not any(isinstance(r, BATCHED) for r in parts)
+
+
+__all__ = ["bind_shared_sizes", "ran_once"]
