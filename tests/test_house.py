@@ -1,4 +1,4 @@
-"""The house style that DESIGN.md and issue #36 hold the library to, checked."""
+"""The house style DESIGN.md holds the library to, checked: small modules."""
 
 from __future__ import annotations
 
